@@ -1,0 +1,33 @@
+# Two commands matter: `make demo` and `make test`. Both build .venv from pyproject.toml first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Machines without the hub use the local copy of GSM8K next to the checkout.
+SHARED_GSM8K := $(abspath ../shared/data/gsm8k)
+export REGRESS_GSM8K_PATH ?= $(if $(wildcard $(SHARED_GSM8K)/test.jsonl),$(SHARED_GSM8K),)
+
+.PHONY: venv demo test test-fast lint clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q uv
+	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev]' || $(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+demo: venv
+	$(VENV)/bin/regress run configs/demo.yaml; code=$$?; \
+	  echo "regress run exited $$code (1 = regressions found, as the incident demo expects)"; \
+	  test $$code -le 1
+
+test: venv
+	$(PY) -m pytest -q
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
+
+lint: venv
+	$(VENV)/bin/ruff check harness tests benchmarks
+
+clean:
+	rm -rf $(VENV) results/*/ 

@@ -1,0 +1,155 @@
+"""`regress`: plan and run sglang accuracy-regression matrices.
+
+Exit codes: 0 every cell passed (or was skipped); 1 a cell failed or ran another configuration
+than requested (`fail`, `mismatch`); 3 no regression but some cells are `error`/`inconclusive`;
+2 bad usage or configuration, in which case nothing was launched.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harness.config import LoadedSuite, load_suite
+from harness.errors import ConfigError
+from harness.matrix import Matrix, expand, select
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
+                  help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
+console = Console()
+err_console = Console(stderr=True)
+
+SuiteArg = Annotated[Path, typer.Argument(help="Suite file, e.g. configs/demo.yaml", show_default=False)]
+SelectOpt = Annotated[Optional[str], typer.Option(
+    "--select", help="Only some cells: `model=kimi-linear,attention_backend=fa3|triton` or a cell-id glob "
+                     "`'*.um-on.*'`. Reference cells of selected cells are kept.")]
+
+
+def _fail(error: ConfigError) -> None:
+    err_console.print(f"[bold red]error[/]: {error}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _load(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
+    loaded = load_suite(path)
+    matrix = select(expand(loaded.suite), selection)
+    if not matrix.cells:
+        raise ConfigError(f"{path}: the include/exclude rules leave no cell to run")
+    return loaded, matrix
+
+
+@app.command()
+def plan(suite: SuiteArg, selection: SelectOpt = None,
+         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """Show the cells a suite expands to, their flags and reference cells, and what is excluded.
+
+    Example: `regress plan configs/nightly.yaml --select model=kimi-linear`
+    """
+    try:
+        loaded, matrix = _load(suite, selection)
+    except ConfigError as error:
+        _fail(error)
+    if as_json:
+        print(json.dumps({
+            "suite": loaded.suite.suite, "engine": loaded.suite.engine,
+            "cells": [{"cell_id": c.cell_id, "model": c.model.id, "model_path": c.model.path, "factors": c.factors,
+                       "tp": c.model.tp, "reference_cell": c.reference_cell, "flags": list(c.flags),
+                       "expected": c.expected} for c in matrix.cells],
+            "skipped": [{"cell_id": s.cell_id, "reason": s.reason} for s in matrix.skipped]}, indent=2))
+        return
+    table = Table(title=f"{loaded.suite.suite}: {len(matrix.cells)} cells ({loaded.suite.engine})", header_style="bold")
+    for column in ("cell", "tp", "reference", "server flags"):
+        table.add_column(column)
+    for cell in matrix.cells:
+        table.add_row(cell.cell_id, str(cell.model.tp), cell.reference_cell or "[bold](reference)[/]",
+                      " ".join(cell.flags) or "-")
+    console.print(table)
+    gpus = sum(c.model.tp for c in matrix.cells)
+    console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
+                  f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
+    for skipped in matrix.skipped:
+        console.print(f"[dim]excluded {skipped.cell_id}: {skipped.reason}[/]")
+
+
+@app.command()
+def run(
+    suite: SuiteArg,
+    results_dir: Annotated[Path, typer.Option(help="Where results/<run_id>/ folders go.")] = Path("results"),
+    tracking_uri: Annotated[Optional[str], typer.Option(
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///<results-dir>/mlflow.db).")] = None,
+    no_tracking: Annotated[bool, typer.Option("--no-tracking", help="Do not log to MLflow.")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        help="Ray cluster address (default: the suite's cluster.address, else a new local Ray).")] = None,
+    num_questions: Annotated[Optional[int], typer.Option(help="Questions per cell (overrides the suite).")] = None,
+    gsm8k_path: Annotated[Optional[Path], typer.Option(
+        help="Folder with GSM8K test.jsonl and train.jsonl (else the suite's dataset.path, REGRESS_GSM8K_PATH, "
+             "then the Hugging Face hub).")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Finish an interrupted run: only cells without a result run.")] = None,
+    selection: SelectOpt = None,
+    trigger: Annotated[str, typer.Option(help="Recorded as the run's trigger: manual, nightly, pr.")] = "manual",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or table; exit code only.")] = False,
+) -> None:
+    """Run every cell of a suite on Ray, gate it, and write results/ and MLflow.
+
+    Example: `regress run configs/demo.yaml` (the incident demo: 32 cells, 6 fail, exit 1).
+    """
+    from harness.gsm8k.dataset import load_gsm8k
+    from harness.gsm8k.protocol import build_plan
+    from harness.orchestration.driver import Driver, RunOptions, check_fits, ray_cluster
+    from harness.sim.world import load_world
+    from harness.tracking import default_tracking_uri
+
+    try:
+        if num_questions is not None and num_questions < 1:
+            raise ConfigError(f"--num-questions: must be at least 1 (got {num_questions})")
+        loaded, matrix = _load(suite, selection)
+        updates = {} if num_questions is None else {"num_questions": num_questions}
+        loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
+        spec = loaded.suite
+        if spec.engine == "sim":
+            assert spec.sim_world is not None
+            world = load_world(loaded.resolve_path(spec.sim_world))
+            for model in spec.models:
+                world.model(model.path)
+        data_path = gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None)
+        data = load_gsm8k(data_path)
+        protocol_plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
+        options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
+                             tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir),
+                             ray_address=ray_address)
+        if resume:
+            from harness.store import ResultsStore
+
+            ResultsStore.existing(results_dir, resume)
+        with ray_cluster(loaded, ray_address):
+            check_fits(matrix)
+            _, _, code = Driver(loaded, matrix, data, protocol_plan, options, console).run()
+    except ConfigError as error:
+        _fail(error)
+    raise typer.Exit(code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sim(ctx: typer.Context) -> None:
+    """Start one simulated sglang server (same flags as `sglang.launch_server`; world in REGRESS_SIM_WORLD).
+
+    Example: `REGRESS_SIM_WORLD=configs/sim/incident.yaml regress sim --model-path
+    moonshotai/Kimi-Linear-48B-A3B-Instruct --port 30000 --attention-backend fa3`
+    """
+    from harness.sim.__main__ import main as sim_main
+
+    raise typer.Exit(sim_main(list(ctx.args)))
+
+
+def main() -> None:
+    app(prog_name="regress")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

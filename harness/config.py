@@ -1,0 +1,302 @@
+"""Suite files: the validated description of one matrix run.
+
+`load_suite(path)` reads YAML, validates it against `Suite`, and raises `ConfigError` with every
+problem named by its key path (``models[0].tp``) and, where it helps, the allowed values and a
+did-you-mean. Nothing is launched before a suite validates.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.errors import ConfigError
+
+# sglang's `--attention-backend` choices (server_args.py, recent versions; see FACTS.md).
+SGLANG_ATTENTION_BACKENDS: tuple[str, ...] = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "cutlass_mla", "fa3", "fa4",
+    "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha",
+    "dual_chunk_flash_attn", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave",
+    "intel_amx", "ascend", "intel_xpu",
+)
+# `default` passes no flag (the server resolves it); `auto` expands to every backend the installed
+# sglang accepts, read on a worker at run time.
+ATTENTION_AXIS_VALUES: tuple[str, ...] = ("default", "auto", *SGLANG_ATTENTION_BACKENDS)
+BACKEND_AXES = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+SWITCH_AXES = ("unified_memory", "radix_cache", "deterministic_inference")
+BUILTIN_AXES = (*BACKEND_AXES, *SWITCH_AXES, "chunked_prefill")
+
+Switch = Literal["on", "off"]
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _switch(value: Any) -> str:
+    # YAML 1.1 reads on/off/yes/no as booleans; accept both spellings and keep "on"/"off".
+    if value is True or value in ("on", "true", "yes"):
+        return "on"
+    if value is False or value in ("off", "false", "no"):
+        return "off"
+    raise ValueError(f"{value!r} is not a switch value; allowed: on, off")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(Strict):
+    """One model of the matrix and how its servers are launched."""
+
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+    path: str
+    tp: Annotated[int, Field(ge=1, le=64)] = 1
+    floor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    trust_remote_code: bool = False
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+    gpu_type: str | None = None
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 1200.0
+
+
+class ClusterSpec(Strict):
+    address: str | None = None
+    gpus: Annotated[int, Field(ge=0)] = 8
+    cpus: Annotated[int, Field(ge=1)] | None = None
+    runtime_env: dict[str, Any] = {}
+
+
+class DatasetSpec(Strict):
+    path: str | None = None
+
+
+class GateSpec(Strict):
+    alpha: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.01
+    min_effect: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.02
+    extraction: Literal["strict", "flexible"] = "flexible"
+    max_infra_failure_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.02
+
+
+class Rule(Strict):
+    """An include/exclude rule: every named factor must match (a value or a list of values)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    reason: str = ""
+
+    def conditions(self) -> dict[str, tuple[str, ...]]:
+        extra = self.model_extra or {}
+        return {key: tuple(_as_str(v) for v in (value if isinstance(value, list) else [value]))
+                for key, value in extra.items()}
+
+
+def _as_str(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+class Suite(Strict):
+    """A validated suite file (see DESIGN.md, "A suite file")."""
+
+    suite: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    engine: Literal["sim", "sglang"] = "sim"
+    sim_world: str | None = None
+    python: str | None = None
+    cluster: ClusterSpec = ClusterSpec()
+    dataset: DatasetSpec = DatasetSpec()
+    protocol: Literal["clean", "sglang-fewshot", "chat"] = "clean"
+    num_questions: Annotated[int, Field(ge=1)] | None = 200
+    max_tokens: Annotated[int, Field(ge=1)] = 512
+    seed: int = 0
+    concurrency: Annotated[int, Field(ge=1, le=4096)] = 256
+    request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    stop_grace_s: Annotated[float, Field(ge=0)] = 30.0
+    gate: GateSpec = GateSpec()
+    models: Annotated[list[ModelSpec], Field(min_length=1)]
+    axes: dict[str, Any] = {}
+    baseline: dict[str, Any] = {}
+    exclude: list[Rule] = []
+    include: list[Rule] = []
+
+    @field_validator("axes")
+    @classmethod
+    def _check_axes(cls, axes: dict[str, Any]) -> dict[str, Any]:
+        normalised: dict[str, Any] = {}
+        for name, values in axes.items():
+            normalised[name] = normalise_axis(name, values)
+        return normalised
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, models: list[ModelSpec]) -> list[ModelSpec]:
+        seen: set[str] = set()
+        for model in models:
+            if model.id in seen:
+                raise ValueError(f"duplicate model id '{model.id}'; each model needs its own id")
+            seen.add(model.id)
+        return models
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Suite:
+        if self.engine == "sim" and not self.sim_world:
+            raise ValueError("engine 'sim' needs sim_world: the world file that drives the simulator")
+        axis_names = list(self.axes)
+        for key, value in self.baseline.items():
+            if key not in self.axes:
+                raise ValueError(f"baseline.{key}: not an axis of this suite; axes: {', '.join(axis_names)}"
+                                 + did_you_mean(key, axis_names))
+            allowed = axis_value_names(self.axes[key])
+            if _as_str(value) not in allowed:
+                raise ValueError(f"baseline.{key}: {value!r} is not a value of the axis; "
+                                 f"allowed: {', '.join(allowed)}")
+        factor_names = ["model", *axis_names]
+        model_ids = [m.id for m in self.models]
+        for kind in ("exclude", "include"):
+            for index, rule in enumerate(getattr(self, kind)):
+                for key, values in rule.conditions().items():
+                    where = f"{kind}[{index}].{key}"
+                    if key not in factor_names:
+                        raise ValueError(f"{where}: unknown factor; allowed: {', '.join(factor_names)}"
+                                         + did_you_mean(key, factor_names))
+                    allowed = model_ids if key == "model" else axis_value_names(self.axes[key])
+                    for value in values:
+                        if value not in allowed:
+                            raise ValueError(f"{where}: {value!r} is not a value of '{key}'; "
+                                             f"allowed: {', '.join(allowed)}" + did_you_mean(value, allowed))
+        return self
+
+    def baseline_value(self, axis: str) -> str:
+        """The reference value of an axis: the suite's `baseline`, else the axis's first value."""
+        if axis in self.baseline:
+            return _as_str(self.baseline[axis])
+        return axis_value_names(self.axes[axis])[0]
+
+
+def normalise_axis(name: str, values: Any) -> Any:
+    """Check one axis and return its canonical form.
+
+    Built-in axes are lists of values; any other axis is a mapping from a value name to the list
+    of server flags that value adds (a named flag set).
+    """
+    if name in BUILTIN_AXES:
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"axes.{name}: must be a non-empty list of values")
+        out: list[Any] = []
+        for value in values:
+            if name in BACKEND_AXES:
+                if value not in ATTENTION_AXIS_VALUES:
+                    raise ValueError(f"axes.{name}: unknown attention backend {value!r}; allowed: "
+                                     f"{', '.join(ATTENTION_AXIS_VALUES)}" + did_you_mean(value, ATTENTION_AXIS_VALUES))
+                out.append(value)
+            elif name in SWITCH_AXES:
+                try:
+                    out.append(_switch(value))
+                except ValueError as error:
+                    raise ValueError(f"axes.{name}: {error}") from None
+            else:  # chunked_prefill: off, default, or a positive size in tokens
+                if value in ("off", False):
+                    out.append("off")
+                elif value == "default":
+                    out.append("default")
+                elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    out.append(str(value))
+                else:
+                    raise ValueError(f"axes.chunked_prefill: {value!r} is not allowed; "
+                                     "allowed: off, default, or a positive token count")
+        if len(set(out)) != len(out):
+            raise ValueError(f"axes.{name}: repeated values {out}")
+        return out
+    if not isinstance(values, dict) or not values:
+        raise ValueError(f"axes.{name}: a custom axis must map value names to lists of server flags, "
+                         f"e.g. {{none: [], tbo: [--enable-two-batch-overlap]}}; built-in axes: "
+                         f"{', '.join(BUILTIN_AXES)}" + did_you_mean(name, BUILTIN_AXES))
+    for value_name, flags in values.items():
+        if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+            raise ValueError(f"axes.{name}.{value_name}: must be a list of flag strings")
+    return {str(k): list(v) for k, v in values.items()}
+
+
+def axis_value_names(values: Any) -> list[str]:
+    return list(values) if isinstance(values, dict) else [str(v) for v in values]
+
+
+def _format_location(location: tuple[Any, ...]) -> str:
+    text = ""
+    for part in location:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part in ("function-after", "literal") or str(part).startswith(("function-", "constrained-")):
+            continue
+        else:
+            text += ("." if text else "") + str(part)
+    return text or "(top level)"
+
+
+_FIELDS_AT: dict[str, type[BaseModel]] = {
+    "": Suite, "models": ModelSpec, "cluster": ClusterSpec, "dataset": DatasetSpec, "gate": GateSpec,
+}
+
+
+def describe_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid suite ({error.error_count()} problem{'s' * (error.error_count() > 1)})"]
+    for item in error.errors():
+        location = tuple(item["loc"])
+        where = _format_location(location)
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            parent = next((str(p) for p in reversed(location[:-1]) if isinstance(p, str)), "")
+            known = list(_FIELDS_AT.get(parent, Suite).model_fields)
+            message = (f"unknown key; allowed keys here: {', '.join(known)}"
+                       + did_you_mean(str(location[-1]), known))
+        elif item["type"] == "missing":
+            message = "required key is missing"
+        elif "input" in item and item["type"] not in ("value_error",):
+            message += f" (got {item['input']!r})"
+        lines.append(f"  - {where}: {message}")
+    return "\n".join(lines)
+
+
+def load_suite(path: str | Path) -> LoadedSuite:
+    """Read and validate a suite file. Raises ConfigError naming every bad key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read suite file {path}: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}: YAML syntax error{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a suite must be a YAML mapping with keys such as suite, models, axes")
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, str(path))) from None
+    return LoadedSuite(suite=suite, path=path.resolve(), sha256=hashlib.sha256(text.encode()).hexdigest())
+
+
+class LoadedSuite(BaseModel):
+    """A suite with where it came from (recorded in every run)."""
+
+    model_config = ConfigDict(frozen=True)
+    suite: Suite
+    path: Path
+    sha256: str
+
+    def resolve_path(self, value: str) -> Path:
+        """Paths in a suite are relative to the working directory, else to the suite file."""
+        candidate = Path(value).expanduser()
+        if candidate.is_absolute() or candidate.exists():
+            return candidate.resolve()
+        return (self.path.parent / candidate).resolve()

@@ -1,0 +1,44 @@
+"""The exact command line and environment of a cell's server (pure, no I/O)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+from harness.matrix import Cell
+
+ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "harness.sim"}
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to start one server. `env` is added to the caller's environment."""
+
+    engine: Literal["sglang", "sim"]
+    python: str
+    cell: Cell
+    seed: int
+    startup_timeout_s: float
+    env: dict[str, str] = field(default_factory=dict)
+    stop_grace_s: float = 30.0
+
+    def argv(self, port: int, nccl_port: int) -> list[str]:
+        """`<python> -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
+        --random-seed S <cell flags> <model extra args>`, as a list (never a shell string)."""
+        model = self.cell.model
+        argv = [self.python, "-m", ENGINE_MODULES[self.engine], "--model-path", model.path,
+                "--host", LOOPBACK, "--port", str(port), "--tp-size", str(model.tp),
+                "--random-seed", str(self.seed), "--nccl-port", str(nccl_port)]
+        if model.trust_remote_code:
+            argv.append("--trust-remote-code")
+        return argv + list(self.cell.flags) + list(model.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        """Variables added to the inherited environment: the suite's, then the model's."""
+        return {**self.env, **self.cell.model.env}
+
+
+def default_python(configured: str | None) -> str:
+    return configured or sys.executable

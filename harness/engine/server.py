@@ -1,0 +1,214 @@
+"""One server process: start, wait until ready, read what it resolved, watch it, stop it.
+
+The server runs in its own process group, so stopping it reaches its workers too (sglang starts
+tp workers, detokenizer, ...), and it carries a parent-death signal, so it dies with the Ray worker
+that started it even when that worker is killed outright. It is never started in a new session,
+which would escape Ray's cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+
+from harness.engine.launch import LOOPBACK, LaunchSpec
+from harness.errors import ServerError
+
+T = TypeVar("T")
+_PR_SET_PDEATHSIG = 1
+_ADDRESS_IN_USE = ("address already in use", "errno 98", "address in use")
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port that is free on this node now (the server binds it moments later; a lost race is
+    detected from the log and retried on another port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    os.setpgid(0, 0)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ServerProcess:
+    """An async context manager around one server process.
+
+    >>> # async with ServerProcess(spec, Path("cell.log")) as server:
+    >>> #     info = await server.server_info(); ...
+    """
+
+    def __init__(self, spec: LaunchSpec, log_path: Path, port_attempts: int = 3) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.port_attempts = port_attempts
+        self.process: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []
+        self.port: int | None = None
+        self.startup_s = 0.0
+        self.leftover_pids: list[int] = []
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    async def __aenter__(self) -> ServerProcess:
+        try:
+            await self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.stop)
+
+    def _launch(self) -> None:
+        self.port = free_port()
+        self.argv = self.spec.argv(self.port, free_port())
+        env = {**os.environ, **self.spec.environment()}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env, preexec_fn=_child_setup)
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        for attempt in range(1, self.port_attempts + 1):
+            self._launch()
+            try:
+                await self._wait_ready(started)
+                self.startup_s = time.monotonic() - started
+                return
+            except ServerError as error:
+                in_use = any(marker in error.log_tail.lower() for marker in _ADDRESS_IN_USE)
+                if not in_use or attempt == self.port_attempts:
+                    raise
+                self.stop()
+
+    async def _wait_ready(self, started: float) -> None:
+        """Poll /health_generate (it generates one token) until 200, the process exits, or the timeout."""
+        assert self.process is not None
+        delay = 0.1
+        deadline = started + self.spec.startup_timeout_s
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerError(f"server exited with code {code} during startup", exit_code=code,
+                                      log_tail=tail(self.log_path))
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(self.base_url + "/health_generate") as response:
+                        if response.status == 200:
+                            return
+                if time.monotonic() > deadline:
+                    raise ServerError(f"server not ready after {self.spec.startup_timeout_s:.0f} s "
+                                      "(startup_timeout_s); it is still running, so it was stopped",
+                                      log_tail=tail(self.log_path))
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, 5.0)
+
+    async def server_info(self) -> dict[str, Any]:
+        """The resolved server arguments and version: `/server_info`, else `/get_server_info`."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            for route in ("/server_info", "/get_server_info"):
+                try:
+                    async with session.get(self.base_url + route) as response:
+                        if response.status == 404:
+                            continue
+                        response.raise_for_status()
+                        info = await response.json(content_type=None)
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+                    raise ServerError(f"cannot read {route}: {error}", log_tail=tail(self.log_path)) from None
+                if isinstance(info, dict):
+                    return info
+        raise ServerError("the server answers neither /server_info nor /get_server_info",
+                          log_tail=tail(self.log_path))
+
+    async def guard(self, work: Awaitable[T], poll_s: float = 0.25) -> T:
+        """Run `work` while watching the process; if it dies, cancel the work and raise ServerError."""
+        assert self.process is not None
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=poll_s)
+                if done:
+                    return task.result()
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerError(f"server exited with code {code} during evaluation", exit_code=code,
+                                      log_tail=tail(self.log_path))
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM to the process group, a grace period, then SIGKILL; check nothing survives."""
+        process = self.process
+        if process is None:
+            return
+        group = process.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGTERM)
+        try:
+            process.wait(timeout=self.spec.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # The group may outlive its leader (workers, a server that ignores SIGTERM): kill what is left.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and group_members(group):
+            time.sleep(0.05)
+        self.leftover_pids = group_members(group)
+        self.process = None
+
+
+def group_members(group: int) -> list[int]:
+    """Live (non-zombie) processes in a process group, read from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == group and state != "Z":
+            members.append(int(entry))
+    return members

@@ -1,0 +1,58 @@
+"""Statistics over per-question records (scipy's exact tests; no hand-rolled distributions)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.stats import binomtest, norm
+
+
+def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a proportion; (0, 1) when n is 0."""
+    if n == 0:
+        return 0.0, 1.0
+    interval = binomtest(correct, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+def below_floor_p(correct: int, n: int, floor: float) -> float:
+    """One-sided exact binomial p-value for "true accuracy < floor"."""
+    if n == 0 or floor <= 0.0:
+        return 1.0
+    return float(binomtest(correct, n, floor, alternative="less").pvalue)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A cell against its reference on the questions both answered."""
+
+    n: int
+    agreement: float
+    losses: int  # reference right, cell wrong
+    gains: int  # cell right, reference wrong
+    accuracy: float
+    reference_accuracy: float
+    drop: float  # reference accuracy minus cell accuracy
+    drop_ci: tuple[float, float]
+    p_drop: float  # exact one-sided McNemar: more losses than gains
+
+
+def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], confidence: float = 0.95) -> Paired | None:
+    """McNemar's exact test on discordant pairs, and a normal interval for the paired drop."""
+    shared = sorted(cell.keys() & reference.keys())
+    n = len(shared)
+    if n == 0:
+        return None
+    losses = sum(reference[i] and not cell[i] for i in shared)
+    gains = sum(cell[i] and not reference[i] for i in shared)
+    cell_accuracy = sum(cell[i] for i in shared) / n
+    reference_accuracy = sum(reference[i] for i in shared) / n
+    drop = (losses - gains) / n
+    variance = max((losses + gains) / n - drop**2, 0.0) / n
+    half = float(norm.ppf(0.5 + confidence / 2)) * math.sqrt(variance)
+    discordant = losses + gains
+    p_drop = float(binomtest(losses, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
+    return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,
+                  reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - half, drop + half),
+                  p_drop=p_drop)

@@ -1,0 +1,81 @@
+"""From measurements to a verdict (pure).
+
+- `error`: the server or transport failed (never a score), or too many questions failed in transport.
+- `mismatch`: the server resolved another configuration than the cell's label.
+- `fail`: accuracy is significantly below the model's floor (exact binomial), or significantly
+  below the reference cell on the same questions (exact McNemar) by at least `min_effect`.
+- `inconclusive`: it looks below the floor, or down by `min_effect`, but not significantly.
+- `pass`: otherwise.
+Significance is Bonferroni-corrected over the cells tested, so a healthy night stays green.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.config import GateSpec
+from harness.gate.stats import below_floor_p, paired_comparison, wilson_interval
+from harness.records import CellOutcome, QuestionRecord, Status
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    reason: str
+    accuracy: float | None = None
+    n: int = 0
+    correct: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    floor_p: float | None = None
+    mcnemar_p: float | None = None
+    agreement: float | None = None
+
+
+def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, bool]:
+    """Question index -> correct, over answered questions, under the suite's extraction rule."""
+    return {r.index: (r.correct_strict if extraction == "strict" else r.correct)
+            for r in records if r.error is None}
+
+
+def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
+          reference: CellOutcome | None = None) -> Verdict:
+    if outcome.error is not None:
+        return Verdict(Status.ERROR, outcome.error)
+    if outcome.mismatches:
+        return Verdict(Status.MISMATCH, "server did not honour the requested configuration: "
+                       + "; ".join(outcome.mismatches))
+    score = outcome.score
+    if score is None or score.n == 0:
+        return Verdict(Status.ERROR, "no question was answered")
+    asked = score.n + score.infra_failures
+    if score.infra_failures / asked > gate.max_infra_failure_rate:
+        first = next((r.error for r in outcome.questions if r.error), "")
+        return Verdict(Status.ERROR, f"{score.infra_failures} of {asked} questions failed in transport "
+                       f"(limit {gate.max_infra_failure_rate:.0%}); first: {first}")
+    answers = correctness(outcome.questions, gate.extraction)
+    n, correct = len(answers), sum(answers.values())
+    accuracy = correct / n
+    low, high = wilson_interval(correct, n)
+    alpha = gate.alpha / max(cells_tested, 1)
+    floor_p = below_floor_p(correct, n, floor)
+    reasons = [f"accuracy {accuracy:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
+    status = Status.PASS
+    if floor > 0 and floor_p < alpha:
+        status = Status.FAIL
+        reasons.append(f"below floor {floor:.2f} (p={floor_p:.2g} < {alpha:.2g})")
+    elif accuracy < floor:
+        status = Status.INCONCLUSIVE
+        reasons.append(f"under floor {floor:.2f} but not significantly (p={floor_p:.2g})")
+    paired = None
+    if reference is not None and reference.score is not None and reference.error is None:
+        paired = paired_comparison(answers, correctness(reference.questions, gate.extraction))
+    if paired is not None:
+        reasons.append(f"vs reference {paired.reference_accuracy:.3f} on {paired.n} shared: "
+                       f"lost {paired.losses}, gained {paired.gains}, McNemar p={paired.p_drop:.2g}")
+        if paired.p_drop < alpha and paired.drop >= gate.min_effect:
+            status = Status.FAIL
+        elif paired.drop >= gate.min_effect and status is Status.PASS:
+            status = Status.INCONCLUSIVE
+    return Verdict(status, "; ".join(reasons), accuracy, n, correct, low, high, floor_p,
+                   paired.p_drop if paired else None, paired.agreement if paired else None)

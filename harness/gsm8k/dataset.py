@@ -1,0 +1,116 @@
+"""Loading GSM8K: from a local folder (test.jsonl + train.jsonl) or the Hugging Face hub.
+
+Where the data comes from, in order: an explicit path (suite `dataset.path` or `--gsm8k-path`), the
+environment variable REGRESS_GSM8K_PATH, then `openai/gsm8k` (config `main`) through `datasets`,
+which uses its local cache when the hub is unreachable. The content hash does not depend on the
+source, so the same data always has the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import DatasetError
+from harness.gsm8k.extract import gold_answer
+
+ENV_VAR = "REGRESS_GSM8K_PATH"
+HUB_ID = ("openai/gsm8k", "main")
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    solution: str
+    gold: str
+
+
+@dataclass(frozen=True)
+class Gsm8k:
+    test: tuple[Problem, ...]
+    train: tuple[Problem, ...]
+    source: str
+    sha256: str
+
+
+def resolve_source(path: str | Path | None) -> str | None:
+    """The local folder to read, or None for the hub."""
+    if path:
+        return str(Path(path).expanduser().resolve())
+    from_env = os.environ.get(ENV_VAR)
+    return str(Path(from_env).expanduser().resolve()) if from_env else None
+
+
+def load_gsm8k(path: str | Path | None = None) -> Gsm8k:
+    """Load both splits. Raises DatasetError with what to do when the data cannot be had."""
+    return _load(resolve_source(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _load(folder: str | None) -> Gsm8k:
+    if folder is None:
+        test, train = _from_hub()
+        source = f"hub:{HUB_ID[0]}/{HUB_ID[1]}"
+    else:
+        test = _read_jsonl(Path(folder) / "test.jsonl")
+        train = _read_jsonl(Path(folder) / "train.jsonl")
+        source = folder
+    digest = hashlib.sha256()
+    for split in (test, train):
+        for problem in split:
+            digest.update(problem.question.encode())
+            digest.update(b"\0")
+            digest.update(problem.solution.encode())
+            digest.update(b"\n")
+    return Gsm8k(tuple(test), tuple(train), source, digest.hexdigest())
+
+
+def _problem(row: object, where: str) -> Problem:
+    if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(
+            row.get("answer"), str):
+        raise DatasetError(f"{where}: expected an object with string fields 'question' and 'answer'")
+    try:
+        gold = gold_answer(row["answer"])
+    except ValueError as error:
+        raise DatasetError(f"{where}: {error}") from None
+    return Problem(row["question"], row["answer"], gold)
+
+
+def _read_jsonl(path: Path) -> list[Problem]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise DatasetError(f"GSM8K file {path} does not exist; point --gsm8k-path (or {ENV_VAR}) at a "
+                           "folder holding test.jsonl and train.jsonl") from None
+    except OSError as error:
+        raise DatasetError(f"cannot read GSM8K file {path}: {error.strerror}") from None
+    problems = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DatasetError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        problems.append(_problem(row, f"{path}:{number}"))
+    if not problems:
+        raise DatasetError(f"{path} holds no problems")
+    return problems
+
+
+def _from_hub() -> tuple[list[Problem], list[Problem]]:
+    try:
+        import datasets
+
+        loaded = datasets.load_dataset(*HUB_ID)
+    except Exception as error:  # noqa: BLE001 - datasets raises many unrelated types when offline
+        raise DatasetError(
+            f"cannot load {HUB_ID[0]} from the Hugging Face hub or its cache ({type(error).__name__}: "
+            f"{str(error)[:200]}); set {ENV_VAR} or --gsm8k-path to a folder with test.jsonl and train.jsonl"
+        ) from None
+    return ([_problem(row, f"hub test[{i}]") for i, row in enumerate(loaded["test"])],
+            [_problem(row, f"hub train[{i}]") for i, row in enumerate(loaded["train"])])

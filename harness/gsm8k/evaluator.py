@@ -1,0 +1,211 @@
+"""The async GSM8K evaluator: asks every prompt of a plan against one server and scores it.
+
+Transport failures are never scores. Timeouts, connection errors, 5xx, 429 and malformed 200
+responses are retried with exponential backoff (honouring Retry-After); a question that still fails
+is recorded with `error` set and left out of the accuracy. Other 4xx are not retried: the record
+says what the server answered. The gate turns a high share of such failures into `error`.
+
+One aiohttp session with a pooled connector and `concurrency` worker coroutines keep the server
+busy at about 0.2 ms of client CPU per request (the openai SDK costs ~1.5 ms, see FACTS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from harness.gsm8k.protocol import Prompt, ProtocolPlan
+from harness.records import QuestionRecord, Score, Throughput
+
+RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    concurrency: int = 256
+    request_timeout_s: float = 600.0
+    max_attempts: int = 6
+    backoff_initial_s: float = 0.25
+    backoff_max_s: float = 8.0
+    model_name: str = "default"
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    correct: int
+    failures: int
+    elapsed_s: float
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class _Final(Exception):
+    """A response that retrying will not fix (a 4xx other than 429)."""
+
+
+@dataclass(frozen=True)
+class _Answer:
+    text: str
+    finish_reason: str | None
+    output_tokens: int
+
+
+def request_body(plan: ProtocolPlan, prompt: Prompt, model_name: str) -> tuple[str, dict[str, Any]]:
+    """The route and JSON body of one question for the plan's endpoint."""
+    if plan.endpoint == "generate":
+        return "/generate", {"text": prompt.text, "sampling_params": {
+            "max_new_tokens": plan.max_tokens, "temperature": plan.temperature, "stop": list(plan.stop)}}
+    common = {"model": model_name, "max_tokens": plan.max_tokens, "temperature": plan.temperature}
+    if plan.stop:
+        common["stop"] = list(plan.stop)
+    if plan.endpoint == "chat":
+        messages = [{"role": role, "content": content} for role, content in prompt.messages or ()]
+        return "/v1/chat/completions", {**common, "messages": messages}
+    return "/v1/completions", {**common, "prompt": prompt.text}
+
+
+def parse_answer(endpoint: str, payload: Any) -> _Answer:
+    """Read text, finish reason and token count; a malformed payload raises _Retryable."""
+    try:
+        if endpoint == "generate":
+            meta = payload["meta_info"]
+            reason = meta.get("finish_reason")
+            if isinstance(reason, dict):  # sglang: {"type": "stop", "matched": ...}
+                reason = reason.get("type")
+            return _Answer(str(payload["text"]), reason, int(meta.get("completion_tokens", 0)))
+        choice = payload["choices"][0]
+        text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
+        if text is None:
+            text = ""
+        tokens = int((payload.get("usage") or {}).get("completion_tokens", 0))
+        return _Answer(str(text), choice.get("finish_reason"), tokens)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        raise _Retryable(f"malformed response ({type(error).__name__}: {error})") from None
+
+
+async def _ask_once(session: aiohttp.ClientSession, base_url: str, route: str, body: dict[str, Any],
+                    endpoint: str) -> _Answer:
+    try:
+        async with session.post(base_url + route, json=body) as response:
+            if response.status in RETRYABLE_STATUS:
+                retry_after = response.headers.get("Retry-After")
+                delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
+                raise _Retryable(f"HTTP {response.status}", delay)
+            if response.status >= 400:
+                text = (await response.text())[:300]
+                raise _Final(f"HTTP {response.status}: {text}")
+            try:
+                payload = await response.json(content_type=None)
+            except ValueError:
+                raise _Retryable("malformed response (body is not JSON)") from None
+    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": ")) from None
+    return parse_answer(endpoint, payload)
+
+
+async def _ask(session: aiohttp.ClientSession, base_url: str, plan: ProtocolPlan, prompt: Prompt,
+               settings: EvalSettings) -> QuestionRecord:
+    route, body = request_body(plan, prompt, settings.model_name)
+    started = time.perf_counter()
+    error: str | None = None
+    answer: _Answer | None = None
+    attempt = 0
+    for attempt in range(1, settings.max_attempts + 1):
+        try:
+            answer = await _ask_once(session, base_url, route, body, plan.endpoint)
+            break
+        except _Final as final:
+            error = str(final)
+            break
+        except _Retryable as retryable:
+            error = f"{retryable} (after {attempt} attempt{'s' * (attempt > 1)})"
+            if attempt == settings.max_attempts:
+                break
+            backoff = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** (attempt - 1))
+            await asyncio.sleep(min(settings.backoff_max_s, retryable.retry_after_s or backoff))
+    latency = time.perf_counter() - started
+    if answer is None:
+        return QuestionRecord(index=prompt.index, prompt_sha=prompt.sha, gold=prompt.gold, pred=None,
+                              correct=False, finish_reason=None, output="", latency_s=latency,
+                              output_tokens=0, attempts=attempt, error=error)
+    grade = plan.grade(answer.text, prompt.gold)
+    return QuestionRecord(index=prompt.index, prompt_sha=prompt.sha, gold=prompt.gold, pred=grade.pred,
+                          pred_strict=grade.pred_strict, correct=grade.correct, correct_strict=grade.correct_strict,
+                          finish_reason=answer.finish_reason, output=answer.text, latency_s=latency,
+                          output_tokens=answer.output_tokens, attempts=attempt)
+
+
+async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = EvalSettings(),
+                   on_progress: Callable[[Progress], None] | None = None,
+                   should_stop: Callable[[list[QuestionRecord]], bool] | None = None) -> tuple[Score, list[QuestionRecord]]:
+    """Ask every prompt of `plan` against `base_url`; return the score and per-question records.
+
+    `should_stop`, called after each answer with the records so far, ends the evaluation early
+    (the sequential gate uses it). Records come back in the plan's question order.
+    """
+    base_url = base_url.rstrip("/")
+    pending = iter(enumerate(plan.prompts))
+    records: dict[int, QuestionRecord] = {}
+    finished: list[QuestionRecord] = []
+    started = time.perf_counter()
+    stop = asyncio.Event()
+    correct = failures = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal correct, failures
+        for position, prompt in pending:
+            if stop.is_set():
+                return
+            record = await _ask(session, base_url, plan, prompt, settings)
+            records[position] = record
+            finished.append(record)
+            correct += record.correct
+            failures += record.error is not None
+            if on_progress is not None:
+                on_progress(Progress(len(finished), len(plan.prompts), correct, failures,
+                                     time.perf_counter() - started))
+            if should_stop is not None and should_stop(finished):
+                stop.set()
+
+    connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=settings.concurrency)
+    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        workers = [asyncio.create_task(worker(session))
+                   for _ in range(min(settings.concurrency, len(plan.prompts)))]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*workers, return_exceptions=True)
+    ordered = [records[i] for i in sorted(records)]
+    return score(ordered, time.perf_counter() - started), ordered
+
+
+def score(records: list[QuestionRecord], eval_s: float) -> Score:
+    """Accuracy over answered questions; transport failures are counted, not scored."""
+    answered = [r for r in records if r.error is None]
+    n = len(answered)
+    correct = sum(r.correct for r in answered)
+    tokens = sum(r.output_tokens for r in answered)
+    return Score(
+        n=n, correct=correct, accuracy=correct / n if n else 0.0,
+        correct_strict=sum(r.correct_strict for r in answered),
+        invalid_rate=sum(r.pred is None for r in answered) / n if n else 0.0,
+        truncated_rate=sum(r.finish_reason == "length" for r in answered) / n if n else 0.0,
+        infra_failures=len(records) - n, retries=sum(r.attempts - 1 for r in records), eval_s=eval_s,
+        throughput=Throughput(requests_per_s=len(records) / eval_s if eval_s > 0 else 0.0,
+                              output_tokens_per_s=tokens / eval_s if eval_s > 0 else 0.0))

@@ -1,0 +1,146 @@
+"""Evaluation protocols: which questions, which shots, how a prompt looks and how it is scored.
+
+- `clean` (default): 5 shots drawn (seeded) from the *train* split, questions from the test split,
+  either all 1,319 or a seeded random subset, never "the first N"; `/v1/completions`.
+- `sglang-fewshot`: exactly sglang's `few_shot_gsm8k` test (shots = first 5 *test* lines, questions
+  from index 0, native `/generate`, sglang's stop list and integer extraction), for comparability
+  with thresholds written for sglang's CI. Its flaws are kept on purpose: the 5 shots are also
+  scored as questions, and negatives and decimals are lost by its extraction.
+- `chat`: the clean questions and shots as chat turns through `/v1/chat/completions`.
+
+Every plan carries a fingerprint: results with different fingerprints are not comparable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from harness.errors import ConfigError
+from harness.gsm8k.dataset import Gsm8k, Problem
+from harness.gsm8k.extract import extract_flexible, extract_sglang_integer, extract_strict
+
+ProtocolName = Literal["clean", "sglang-fewshot", "chat"]
+Endpoint = Literal["completions", "generate", "chat"]
+NUM_SHOTS = 5
+CLEAN_STOP = ("Question:", "</s>", "<|im_end|>")
+SGLANG_STOP = ("Question", "Assistant:", "<|separator|>")
+_CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One question as it will be sent. `index` is the question's line in its split."""
+
+    index: int
+    gold: str
+    text: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def sha(self) -> str:
+        body = self.text if self.text is not None else json.dumps(self.messages)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Grade:
+    pred: str | None
+    correct: bool
+    pred_strict: str | None
+    correct_strict: bool
+
+
+@dataclass(frozen=True)
+class ProtocolPlan:
+    """Everything needed to ask and score the questions of one cell."""
+
+    name: ProtocolName
+    endpoint: Endpoint
+    prompts: tuple[Prompt, ...]
+    stop: tuple[str, ...]
+    max_tokens: int
+    temperature: float
+    shot_indices: tuple[int, ...]
+    seed: int
+    dataset_sha256: str
+    fingerprint: str
+
+    def grade(self, output: str, gold: str) -> Grade:
+        if self.name == "sglang-fewshot":
+            pred = extract_sglang_integer(output)
+            return Grade(pred, pred == gold, pred, pred == gold)
+        flexible, strict = extract_flexible(output), extract_strict(output)
+        return Grade(flexible, flexible == gold, strict, strict == gold)
+
+    def fingerprint_fields(self) -> dict[str, object]:
+        return {"protocol": self.name, "endpoint": self.endpoint, "dataset_sha256": self.dataset_sha256,
+                "shots": list(self.shot_indices), "questions": len(self.prompts), "seed": self.seed,
+                "stop": list(self.stop), "max_tokens": self.max_tokens, "temperature": self.temperature}
+
+
+def clean_solution(solution: str) -> str:
+    """A train solution as a shot: calculator annotations `<<48/2=24>>` removed."""
+    return _CALCULATOR_ANNOTATION.sub("", solution)
+
+
+def _question_order(count: int, num_questions: int | None, seed: int) -> list[int]:
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    if num_questions is None:
+        return order
+    if num_questions > count:
+        raise ConfigError(f"num_questions: {num_questions} asked but the test split has {count}")
+    return order[:num_questions]
+
+
+def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max_tokens: int = 512) -> ProtocolPlan:
+    """Build a protocol's prompts. `num_questions=None` asks the whole test split."""
+    if name == "sglang-fewshot":
+        shots = list(range(NUM_SHOTS))
+        prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
+        count = len(data.test) if num_questions is None else num_questions
+        if count > len(data.test):
+            raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)}")
+        prompts = [Prompt(i, extract_sglang_integer(data.test[i].solution) or "",
+                          prefix + _sglang_example(data.test[i], False)) for i in range(count)]
+        return _finish(data, "sglang-fewshot", "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
+    if name not in ("clean", "chat"):
+        raise ConfigError(f"protocol: unknown protocol {name!r}; allowed: clean, sglang-fewshot, chat")
+    shots = sorted(random.Random(seed).sample(range(len(data.train)), NUM_SHOTS))
+    questions = _question_order(len(data.test), num_questions, seed)
+    if name == "clean":
+        prefix = "".join(_clean_example(data.train[i]) for i in shots)
+        prompts = [Prompt(i, data.test[i].gold, prefix + f"Question: {data.test[i].question}\nAnswer:")
+                   for i in questions]
+        return _finish(data, "clean", "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
+    turns: list[tuple[str, str]] = []
+    for i in shots:
+        turns += [("user", f"Question: {data.train[i].question}"),
+                  ("assistant", clean_solution(data.train[i].solution))]
+    prompts = [Prompt(i, data.test[i].gold, messages=(*turns, ("user", f"Question: {data.test[i].question}")))
+               for i in questions]
+    return _finish(data, "chat", "chat", prompts, (), max_tokens, shots, seed)
+
+
+def _clean_example(problem: Problem) -> str:
+    return f"Question: {problem.question}\nAnswer: {clean_solution(problem.solution)}\n\n"
+
+
+def _sglang_example(problem: Problem, include_answer: bool) -> str:
+    text = "Question: " + problem.question + "\nAnswer:"
+    return text + " " + problem.solution if include_answer else text
+
+
+def _finish(data: Gsm8k, name: ProtocolName, endpoint: Endpoint, prompts: list[Prompt], stop: tuple[str, ...],
+            max_tokens: int, shots: list[int], seed: int) -> ProtocolPlan:
+    plan = ProtocolPlan(name, endpoint, tuple(prompts), stop, max_tokens, 0.0, tuple(shots), seed, data.sha256, "")
+    fields = plan.fingerprint_fields() | {"question_indices": [p.index for p in prompts],
+                                          "template": prompts[0].sha if prompts else ""}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return ProtocolPlan(name, endpoint, tuple(prompts), stop, max_tokens, 0.0, tuple(shots), seed,
+                        data.sha256, digest)

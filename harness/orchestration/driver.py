@@ -1,0 +1,349 @@
+"""The driver: schedule every cell on Ray, gate each as it finishes, write every sink.
+
+Reference cells are submitted first, so the paired comparison of the other cells can be made as
+soon as they finish; a cell that finishes before its reference waits for it. A worker that dies is
+retried once on a fresh actor (an infrastructure failure, never an accuracy failure); after that
+the cell is `error`. Ctrl-C or SIGTERM kills every actor (their servers die with them), keeps the
+finished cells, and leaves a run that `--resume` completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness import __version__
+from harness.config import LoadedSuite
+from harness.engine.launch import LaunchSpec, default_python
+from harness.engine.verify import resolved_subset
+from harness.errors import ConfigError
+from harness.gate.attribution import explain
+from harness.gate.verdict import judge
+from harness.gsm8k.dataset import Gsm8k
+from harness.gsm8k.evaluator import EvalSettings, score
+from harness.gsm8k.protocol import ProtocolPlan
+from harness.matrix import Cell, Matrix
+from harness.orchestration.worker import CellJob, CellWorker
+from harness.records import CellOutcome, CellResult, RunInfo, Status, Throughput, run_exit_code
+from harness.report import counts, junit_xml, print_summary, summary_markdown
+from harness.store import ResultsStore, new_run_id
+from harness.tracking import Tracker
+
+WORKER_RETRIES = 1
+
+
+@dataclass
+class RunOptions:
+    results_dir: Path
+    tracking_uri: str | None
+    ray_address: str | None = None
+    trigger: str = "manual"
+    resume: str | None = None
+    quiet: bool = False
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Live:
+    cell: Cell
+    actor: Any
+    where_ref: Any
+    run_ref: Any
+    attempt: int
+    running: bool = False
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
+    """Connect to `address`, or start a local Ray that declares the suite's GPU count."""
+    spec = suite.suite.cluster
+    address = address or spec.address
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "logging_level": logging.WARNING, "configure_logging": True}
+    if spec.runtime_env:
+        kwargs["runtime_env"] = spec.runtime_env
+    already = ray.is_initialized()
+    if not already:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(address="local", num_gpus=spec.gpus, num_cpus=spec.cpus, **kwargs)
+    try:
+        yield
+    finally:
+        if not already:
+            ray.shutdown()
+
+
+def check_fits(matrix: Matrix) -> None:
+    """Refuse cells that no node can hold, before anything is launched."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    largest = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
+    types = {key.split(":", 1)[1] for n in nodes for key in n["Resources"] if key.startswith("accelerator_type:")}
+    for cell in matrix.cells:
+        if cell.gpus > largest:
+            raise ConfigError(f"models[{cell.model.id}].tp: {cell.gpus} GPUs asked by {cell.cell_id}, but the "
+                              f"largest node has {largest}; an actor never spans nodes")
+        if cell.model.gpu_type and cell.model.gpu_type not in types:
+            raise ConfigError(f"models[{cell.model.id}].gpu_type: no node has {cell.model.gpu_type!r}; "
+                              f"nodes have: {', '.join(sorted(types)) or 'no accelerator type'}")
+
+
+class Driver:
+    """One invocation of `regress run`."""
+
+    def __init__(self, suite: LoadedSuite, matrix: Matrix, data: Gsm8k, plan: ProtocolPlan,
+                 options: RunOptions, console: Console | None = None) -> None:
+        self.loaded = suite
+        self.suite = suite.suite
+        self.matrix = matrix
+        self.data = data
+        self.plan = plan
+        self.options = options
+        self.console = console or Console()
+        self.cells = matrix.by_id()
+        self.finished: dict[str, CellOutcome] = {}
+        self.parked: dict[str, list[tuple[Cell, CellOutcome, str]]] = {}
+        self.results: dict[str, CellResult] = {}
+        self.queued_at: dict[str, float] = {}
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _open_store(self) -> tuple[ResultsStore, RunInfo]:
+        if self.options.resume:
+            store = ResultsStore.existing(self.options.results_dir, self.options.resume)
+            info = store.read_run()
+            for result in store.cells():
+                self.results[result.cell_id] = result
+                records = store.read_questions(result.cell_id)
+                if records and result.status in (Status.PASS, Status.FAIL, Status.INCONCLUSIVE):
+                    self.finished[result.cell_id] = CellOutcome(cell_id=result.cell_id, args=result.args,
+                                                                score=score(records, 0.0), questions=records)
+            return store, info.model_copy(update={"ended_at": None, "interrupted": False})
+        run_id = new_run_id(self.suite.suite)
+        store = ResultsStore(self.options.results_dir, run_id)
+        info = RunInfo(run_id=run_id, suite=self.suite.suite, config_path=str(self.loaded.path),
+                       config_sha256=self.loaded.sha256, trigger=self.options.trigger, engine=self.suite.engine,
+                       git_commit=git_commit(), harness_version=__version__, protocol=self.plan.name,
+                       protocol_fingerprint=self.plan.fingerprint, dataset_sha256=self.data.sha256,
+                       started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        return store, info
+
+    def _launch_spec(self, cell: Cell) -> LaunchSpec:
+        env: dict[str, str] = {}
+        if self.suite.engine == "sim":
+            assert self.suite.sim_world is not None
+            env["REGRESS_SIM_WORLD"] = str(self.loaded.resolve_path(self.suite.sim_world))
+            if not self.data.source.startswith("hub:"):
+                env["REGRESS_GSM8K_PATH"] = self.data.source
+        return LaunchSpec(engine=self.suite.engine, python=default_python(self.suite.python), cell=cell,
+                          seed=self.suite.seed, startup_timeout_s=cell.model.startup_timeout_s, env=env,
+                          stop_grace_s=self.suite.stop_grace_s)
+
+    def _settings(self) -> EvalSettings:
+        return EvalSettings(concurrency=self.suite.concurrency, request_timeout_s=self.suite.request_timeout_s,
+                            model_name="default")
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self) -> tuple[RunInfo, list[CellResult], int]:
+        store, info = self._open_store()
+        store.write_run(info)
+        tracker = Tracker(self.options.tracking_uri) if self.options.tracking_uri else None
+        if tracker is not None:
+            params = {"suite": self.suite.suite, "engine": self.suite.engine, "protocol": self.plan.name,
+                      "protocol_fingerprint": self.plan.fingerprint, "dataset_sha256": self.data.sha256,
+                      "num_questions": len(self.plan.prompts), "seed": self.suite.seed,
+                      "cells": len(self.matrix.cells), "results_dir": str(store.path)}
+            info = info.model_copy(update={"mlflow_run_id": tracker.start(info, params),
+                                           "tracking_uri": self.options.tracking_uri})
+            store.write_run(info)
+        todo = [c for c in self.matrix.cells if c.cell_id not in self.results]
+        interrupted = False
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            self._schedule(todo, store, tracker)
+        except (KeyboardInterrupt, _Interrupted):
+            interrupted = True
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if not interrupted:
+            for parked in list(self.parked.values()):  # references that never produced a score
+                for cell, outcome, log in parked:
+                    self._finalise(cell, outcome, log, store, tracker, reference_missing=True)
+            self.parked.clear()
+            for skipped in self.matrix.skipped:
+                if skipped.cell_id not in self.results:
+                    result = CellResult(cell_id=skipped.cell_id, model=skipped.model.id, factors=skipped.factors,
+                                        args=[], resolved={}, status=Status.SKIPPED, reason=skipped.reason)
+                    store.append_cell(result)
+                    self.results[skipped.cell_id] = result
+        return self._close(store, info, tracker, interrupted)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        raise _Interrupted()
+
+    def _submit(self, cell: Cell, plan_ref: Any, attempt: int) -> _Live:
+        options: dict[str, Any] = {"num_gpus": cell.gpus}
+        if cell.model.gpu_type:
+            options["accelerator_type"] = cell.model.gpu_type
+        actor = CellWorker.options(**options).remote()
+        self.queued_at.setdefault(cell.cell_id, time.time())
+        job = CellJob(spec=self._launch_spec(cell), settings=self._settings(), queued_at=self.queued_at[cell.cell_id])
+        return _Live(cell, actor, actor.where.remote(), actor.run.remote(job, plan_ref), attempt)
+
+    def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None) -> None:
+        if not todo:
+            return
+        plan_ref = ray.put(self.plan)
+        live: dict[Any, _Live] = {}
+        for cell in todo:
+            entry = self._submit(cell, plan_ref, 1)
+            live[entry.where_ref] = live[entry.run_ref] = entry
+        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,
+                            disable=self.options.quiet, transient=False)
+        task = progress.add_task(f"{self.suite.suite}", total=len(todo), state="")
+        done = 0
+        try:
+            with progress:
+                while live:
+                    running = len({id(e) for e in live.values() if e.running})
+                    waiting = len({id(e) for e in live.values()}) - running
+                    progress.update(task, state=f"queued {waiting} · running {running} · done {done}")
+                    ready, _ = ray.wait(list(live), num_returns=1, timeout=0.5)
+                    for ref in ready:
+                        entry = live.pop(ref)
+                        if ref is entry.where_ref:
+                            with contextlib.suppress(RayError):
+                                ray.get(ref)
+                                entry.running = True
+                            continue
+                        live.pop(entry.where_ref, None)
+                        outcome, log = self._collect(entry)
+                        if outcome is None:  # worker died: retry once on a fresh actor
+                            retry = self._submit(entry.cell, plan_ref, entry.attempt + 1)
+                            live[retry.where_ref] = live[retry.run_ref] = retry
+                            continue
+                        done += 1
+                        progress.advance(task)
+                        self._gate_when_ready(entry.cell, outcome, log, store, tracker, progress.console)
+        finally:
+            for entry in {id(e): e for e in live.values()}.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(entry.actor)
+
+    def _collect(self, entry: _Live) -> tuple[CellOutcome | None, str]:
+        try:
+            outcome, log = ray.get(entry.run_ref)
+        except RayActorError as error:
+            with contextlib.suppress(Exception):
+                ray.kill(entry.actor)
+            if entry.attempt <= WORKER_RETRIES:
+                return None, ""
+            reason = f"the Ray worker died twice ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+            return CellOutcome(cell_id=entry.cell.cell_id, args=[], error=reason), ""
+        except RayError as error:
+            outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[],
+                                  error=f"worker failed: {type(error).__name__}: {str(error)[:300]}")
+            log = ""
+        with contextlib.suppress(Exception):
+            ray.kill(entry.actor)
+        return outcome, log
+
+    def _gate_when_ready(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore,
+                         tracker: Tracker | None, console: Console) -> None:
+        reference = cell.reference_cell
+        if reference is not None and reference not in self.results:
+            self.parked.setdefault(reference, []).append((cell, outcome, log))
+            return
+        self._finalise(cell, outcome, log, store, tracker, console=console)
+        for waiting_cell, waiting_outcome, waiting_log in self.parked.pop(cell.cell_id, []):
+            self._finalise(waiting_cell, waiting_outcome, waiting_log, store, tracker, console=console)
+
+    def _finalise(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore, tracker: Tracker | None,
+                  console: Console | None = None, reference_missing: bool = False) -> None:
+        if outcome.score is not None and outcome.error is None:
+            self.finished[cell.cell_id] = outcome
+        reference = None if reference_missing or cell.reference_cell is None else self.finished.get(cell.reference_cell)
+        verdict = judge(outcome, cell.model.floor, self.suite.gate, len(self.matrix.cells), reference)
+        reason = verdict.reason
+        if outcome.log_tail and verdict.status is Status.ERROR:
+            reason += "\n--- server log tail ---\n" + outcome.log_tail
+        score_ = outcome.score
+        log_path = store.write_log(cell.cell_id, log) if log else None
+        result = CellResult(
+            cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors, args=outcome.args,
+            resolved=resolved_subset(outcome.server.resolved), status=verdict.status, reason=reason,
+            accuracy=verdict.accuracy, n=verdict.n, correct=verdict.correct, ci_low=verdict.ci_low,
+            ci_high=verdict.ci_high, invalid_rate=score_.invalid_rate if score_ else None,
+            truncated_rate=score_.truncated_rate if score_ else None, reference_cell=cell.reference_cell,
+            agreement=verdict.agreement, mcnemar_p=verdict.mcnemar_p, floor_p=verdict.floor_p,
+            threshold=cell.model.floor, timings=outcome.timings,
+            throughput=score_.throughput if score_ else Throughput(), log_path=str(log_path) if log_path else None,
+            protocol_fingerprint=self.plan.fingerprint, server_version=outcome.server.version,
+            cuda_visible_devices=outcome.server.cuda_visible_devices)
+        store.write_questions(cell.cell_id, outcome.questions)
+        if tracker is not None:
+            run_id = tracker.log_cell(result, outcome.questions, outcome.server.resolved, log)
+            result = result.model_copy(update={"mlflow_run_id": run_id})
+        store.append_cell(result)
+        self.results[cell.cell_id] = result
+        if console is not None and not self.options.quiet:
+            accuracy = f"{result.accuracy:.3f}" if result.accuracy is not None else "  -  "
+            console.print(f"[{result.status.colour}]{result.status.value:>12}[/] {accuracy} {cell.cell_id}"
+                          + (f"  ({reason.splitlines()[0][:120]})" if result.status is not Status.PASS else ""))
+
+    def _close(self, store: ResultsStore, info: RunInfo, tracker: Tracker | None,
+               interrupted: bool) -> tuple[RunInfo, list[CellResult], int]:
+        order = {cell.cell_id: i for i, cell in enumerate(sorted(self.matrix.cells, key=lambda c: c.cell_id))}
+        results = sorted(self.results.values(), key=lambda r: order.get(r.cell_id, len(order)))
+        failing = [self.cells[r.cell_id].factor_values() for r in results
+                   if r.status.is_regression and r.cell_id in self.cells]
+        passing = [self.cells[r.cell_id].factor_values() for r in results
+                   if r.status is Status.PASS and r.cell_id in self.cells]
+        explanation = explain(failing, passing)
+        exit_code = 130 if interrupted else run_exit_code([r.status for r in results])
+        versions = {r.server_version for r in results if r.server_version}
+        info = info.model_copy(update={
+            "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "counts": counts(results),
+            "exit_code": exit_code, "attribution": str(explanation) if explanation else None,
+            "interrupted": interrupted, "sglang_version": ", ".join(sorted(versions)) or None})
+        summary = summary_markdown(info, results)
+        store.write_text("summary.md", summary)
+        store.write_text("junit.xml", junit_xml(info, results))
+        if tracker is not None:
+            tracker.finish(info, {"summary.md": summary})
+            info = info.model_copy(update={"tracking_error": tracker.error})
+        store.write_run(info)
+        if not self.options.quiet:
+            print_summary(self.console, info, results, str(store.path))
+            if interrupted:
+                self.console.print(f"[yellow]interrupted[/]: finish with `regress run {self.loaded.path} "
+                                   f"--resume {info.run_id}`")
+        return info, results, exit_code

@@ -1,0 +1,91 @@
+"""What runs on the GPU node for one cell: launch, verify, evaluate, stop. Returns a CellOutcome."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+from harness.engine.launch import LaunchSpec
+from harness.engine.server import ServerProcess
+from harness.engine.verify import mismatches, resolved_subset
+from harness.errors import InfraError, ServerError
+from harness.gsm8k.evaluator import EvalSettings, evaluate
+from harness.gsm8k.protocol import ProtocolPlan
+from harness.records import CellOutcome, ServerInfo, Timings
+
+LOG_LIMIT_BYTES = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CellJob:
+    spec: LaunchSpec
+    settings: EvalSettings
+    queued_at: float  # driver's wall clock when the cell was submitted
+
+
+def _read_log(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_LIMIT_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return text if size <= LOG_LIMIT_BYTES else "[... log truncated ...]\n" + text
+
+
+async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[CellOutcome, str]:
+    """Launch the cell's server, check its resolved config, run GSM8K, stop it. Never raises
+    for infrastructure failures: they come back as an outcome with `error` set."""
+    started = time.time()
+    cell = job.spec.cell
+    log_path = log_dir / f"{cell.cell_id}.log"
+    server = ServerProcess(job.spec, log_path)
+    info = ServerInfo(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), node=socket.gethostname())
+    timings = {"queued_s": max(0.0, started - job.queued_at)}
+    try:
+        async with server:
+            timings["startup_s"] = server.startup_s
+            raw_info = await server.server_info()
+            info = info.model_copy(update={"version": str(raw_info.get("version")), "port": server.port,
+                                           "resolved": raw_info})
+            problems = mismatches(cell.expected, raw_info)
+            if problems:
+                outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, mismatches=problems)
+            else:
+                settings = job.settings
+                score, records = await server.guard(evaluate(server.base_url, plan, settings))
+                timings["eval_s"] = score.eval_s
+                outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, score=score,
+                                      questions=records)
+    except ServerError as error:
+        outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, error=str(error),
+                              log_tail=error.log_tail)
+    except InfraError as error:
+        outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, error=str(error))
+    if server.leftover_pids:
+        outcome = outcome.model_copy(update={"error": outcome.error or
+                                             f"server processes survived the stop: {server.leftover_pids}"})
+    timings["total_s"] = time.time() - started + timings["queued_s"]
+    outcome = outcome.model_copy(update={"timings": Timings(**timings)})
+    return outcome, _read_log(log_path)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class CellWorker:
+    """One actor per cell, holding `num_gpus = tp` GPUs on one node for the server's lifetime."""
+
+    def where(self) -> dict[str, str | None]:
+        return {"node": socket.gethostname(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def run(self, job: CellJob, plan: ProtocolPlan) -> tuple[CellOutcome, str]:
+        with tempfile.TemporaryDirectory(prefix="regress-cell-") as log_dir:
+            return asyncio.run(run_cell(job, plan, Path(log_dir)))

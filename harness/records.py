@@ -1,0 +1,173 @@
+"""Typed records that cross module and process boundaries (see DESIGN.md, results contract)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Status(str, Enum):
+    """A cell's verdict. `exit_code_weight` orders them for the run's exit code."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    MISMATCH = "mismatch"
+    ERROR = "error"
+    INCONCLUSIVE = "inconclusive"
+    SKIPPED = "skipped"
+
+    @property
+    def is_regression(self) -> bool:
+        """The server ran and answered wrongly, or ran another configuration than labelled."""
+        return self in (Status.FAIL, Status.MISMATCH)
+
+    @property
+    def is_undecided(self) -> bool:
+        return self in (Status.ERROR, Status.INCONCLUSIVE)
+
+    @property
+    def colour(self) -> str:
+        return {"pass": "green", "fail": "red", "mismatch": "magenta", "error": "yellow",
+                "inconclusive": "cyan", "skipped": "dim"}[self.value]
+
+
+def run_exit_code(statuses: list[Status]) -> int:
+    """0 all passed or skipped; 1 any fail/mismatch; 3 otherwise some error/inconclusive."""
+    if any(status.is_regression for status in statuses):
+        return 1
+    if any(status.is_undecided for status in statuses):
+        return 3
+    return 0
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class QuestionRecord(Record):
+    """One question as asked and answered. `error` set means an infrastructure failure, not a score."""
+
+    index: int
+    prompt_sha: str
+    gold: str
+    pred: str | None
+    pred_strict: str | None = None
+    correct: bool
+    correct_strict: bool = False
+    finish_reason: str | None
+    output: str
+    latency_s: float
+    output_tokens: int
+    attempts: int = 1
+    error: str | None = None
+
+
+class Timings(Record):
+    queued_s: float = 0.0
+    startup_s: float = 0.0
+    eval_s: float = 0.0
+    total_s: float = 0.0
+
+
+class Throughput(Record):
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+
+
+class Score(Record):
+    """What the evaluator measured on one server."""
+
+    n: int
+    correct: int
+    accuracy: float
+    correct_strict: int
+    invalid_rate: float
+    truncated_rate: float
+    infra_failures: int
+    retries: int
+    eval_s: float
+    throughput: Throughput
+
+
+class ServerInfo(Record):
+    """What a server said about itself after it became ready."""
+
+    version: str | None = None
+    resolved: dict[str, Any] = {}
+    cuda_visible_devices: str | None = None
+    node: str | None = None
+    port: int | None = None
+
+
+class CellOutcome(Record):
+    """What a worker returns for one cell: measurements only, no verdict yet."""
+
+    cell_id: str
+    args: list[str]
+    server: ServerInfo = ServerInfo()
+    mismatches: list[str] = []
+    score: Score | None = None
+    questions: list[QuestionRecord] = []
+    error: str | None = None
+    log_path: str | None = None
+    log_tail: str = ""
+    timings: Timings = Timings()
+
+
+class CellResult(Record):
+    """One line of cells.jsonl: the contract other tools read."""
+
+    cell_id: str
+    model: str
+    factors: dict[str, str]
+    args: list[str]
+    resolved: dict[str, Any]
+    status: Status
+    reason: str
+    accuracy: float | None = None
+    n: int = 0
+    correct: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    invalid_rate: float | None = None
+    truncated_rate: float | None = None
+    reference_cell: str | None = None
+    agreement: float | None = None
+    mcnemar_p: float | None = None
+    floor_p: float | None = None
+    threshold: float | None = None
+    timings: Timings = Timings()
+    throughput: Throughput = Throughput()
+    mlflow_run_id: str | None = None
+    log_path: str | None = None
+    protocol_fingerprint: str | None = None
+    server_version: str | None = None
+    cuda_visible_devices: str | None = None
+
+
+class RunInfo(Record):
+    """run.json: how a run was produced and how it ended."""
+
+    run_id: str
+    suite: str
+    config_path: str
+    config_sha256: str
+    trigger: str = "manual"
+    engine: str
+    git_commit: str | None = None
+    sglang_version: str | None = None
+    harness_version: str
+    protocol: str
+    protocol_fingerprint: str | None = None
+    dataset_sha256: str | None = None
+    started_at: str
+    ended_at: str | None = None
+    counts: dict[str, int] = {}
+    exit_code: int | None = None
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    tracking_error: str | None = None
+    attribution: str | None = None
+    interrupted: bool = False

@@ -1,0 +1,97 @@
+"""What people read: the console table, summary.md, junit.xml."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.records import CellResult, RunInfo, Status
+
+
+def _accuracy(result: CellResult) -> str:
+    if result.accuracy is None:
+        return "-"
+    interval = f" [{result.ci_low:.2f}, {result.ci_high:.2f}]" if result.ci_low is not None else ""
+    return f"{result.accuracy:.3f}{interval}"
+
+
+def counts(results: list[CellResult]) -> dict[str, int]:
+    tally = Counter(r.status.value for r in results)
+    return {status.value: tally.get(status.value, 0) for status in Status if tally.get(status.value)}
+
+
+def console_table(results: list[CellResult], title: str) -> Table:
+    factor_names = list(results[0].factors) if results else []
+    table = Table(title=title, show_lines=False, header_style="bold")
+    table.add_column("cell")
+    table.add_column("model")
+    for name in factor_names:
+        table.add_column(name)
+    table.add_column("accuracy [95% CI]", justify="right")
+    table.add_column("n", justify="right")
+    table.add_column("vs ref", justify="right")
+    table.add_column("verdict")
+    for result in results:
+        versus = "-" if result.mcnemar_p is None else f"p={result.mcnemar_p:.1g}"
+        table.add_row(result.cell_id, result.model, *(result.factors.get(n, "") for n in factor_names),
+                      _accuracy(result), str(result.n), versus,
+                      f"[{result.status.colour}]{result.status.value}[/]")
+    return table
+
+
+def print_summary(console: Console, info: RunInfo, results: list[CellResult], results_path: str) -> None:
+    console.print(console_table(results, f"{info.suite} · {info.run_id}"))
+    tally = ", ".join(f"{count} {status}" for status, count in counts(results).items())
+    console.print(f"[bold]{len(results)} cells[/]: {tally}")
+    if info.attribution:
+        console.print(f"[bold]failures share[/]: {info.attribution}")
+    for result in results:
+        if result.status in (Status.FAIL, Status.MISMATCH, Status.ERROR):
+            console.print(f"  [{result.status.colour}]{result.status.value}[/] {result.cell_id}: {result.reason}")
+    console.print(f"results: {results_path}")
+    if info.tracking_error:
+        console.print(f"[yellow]MLflow not updated[/]: {info.tracking_error}")
+    elif info.tracking_uri:
+        console.print(f"MLflow: {info.tracking_uri} (parent run {info.mlflow_run_id}); "
+                      f"open the UI with: mlflow ui --backend-store-uri {info.tracking_uri}")
+
+
+def summary_markdown(info: RunInfo, results: list[CellResult]) -> str:
+    tally = ", ".join(f"{count} {status}" for status, count in counts(results).items())
+    lines = [f"# {info.suite}: {tally}", "",
+             f"Run `{info.run_id}` ({info.trigger}, engine {info.engine}, protocol {info.protocol} "
+             f"`{info.protocol_fingerprint}`), started {info.started_at}.", ""]
+    if info.attribution:
+        lines += [f"**Failures share:** `{info.attribution}`", ""]
+    factor_names = list(results[0].factors) if results else []
+    lines.append("| verdict | cell | model | " + " | ".join(factor_names) + " | accuracy [95% CI] | n | reason |")
+    lines.append("|---|---|---|" + "---|" * len(factor_names) + "---|---|---|")
+    order = {Status.FAIL: 0, Status.MISMATCH: 1, Status.ERROR: 2, Status.INCONCLUSIVE: 3, Status.PASS: 4,
+             Status.SKIPPED: 5}
+    for result in sorted(results, key=lambda r: (order[r.status], r.cell_id)):
+        reason = result.reason.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| **{result.status.value}** | `{result.cell_id}` | {result.model} | "
+                     + " | ".join(result.factors.get(n, "") for n in factor_names)
+                     + f" | {_accuracy(result)} | {result.n} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def junit_xml(info: RunInfo, results: list[CellResult]) -> str:
+    suite = ElementTree.Element("testsuite", name=info.suite, tests=str(len(results)),
+                                failures=str(sum(r.status.is_regression for r in results)),
+                                errors=str(sum(r.status is Status.ERROR for r in results)),
+                                skipped=str(sum(r.status in (Status.SKIPPED, Status.INCONCLUSIVE) for r in results)))
+    for result in results:
+        case = ElementTree.SubElement(suite, "testcase", classname=f"{info.suite}.{result.model}",
+                                      name=result.cell_id, time=f"{result.timings.total_s:.1f}")
+        if result.status.is_regression:
+            ElementTree.SubElement(case, "failure", message=result.status.value).text = result.reason
+        elif result.status is Status.ERROR:
+            ElementTree.SubElement(case, "error", message="error").text = result.reason
+        elif result.status in (Status.SKIPPED, Status.INCONCLUSIVE):
+            ElementTree.SubElement(case, "skipped", message=result.status.value).text = result.reason
+    ElementTree.indent(suite)
+    return ElementTree.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"

@@ -1,0 +1,61 @@
+"""`python -m harness.sim ...`: start one simulated sglang server (see harness.sim)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from harness.errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.sim.args import build_parser, resolve
+    from harness.sim.world import load_world
+
+    world_path = os.environ.get("REGRESS_SIM_WORLD")
+    if not world_path:
+        print("error: set REGRESS_SIM_WORLD to a simulator world file, e.g. configs/sim/incident.yaml",
+              file=sys.stderr)
+        return 2
+    try:
+        world = load_world(world_path)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    args = build_parser(world.attention_backends).parse_args(argv)
+    try:
+        resolved = resolve(args, world)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"[sim] server_args={resolved}", flush=True)
+    faults = world.faults_for(args.model_path, resolved)
+    for fault in faults:
+        if fault.startup_exit_code is not None:
+            print(fault.startup_message, file=sys.stderr, flush=True)
+            return fault.startup_exit_code
+        if fault.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if fault.spawn_grandchild:
+            # A detached-looking helper in the same process group, as tp workers are for sglang.
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+
+    from aiohttp import web
+
+    from harness.gsm8k.dataset import load_gsm8k
+    from harness.sim.server import SimState, build_app
+
+    data = load_gsm8k()
+    time.sleep(world.latency.startup_s)  # model loading: the port opens only afterwards, as in sglang
+    state = SimState(world, resolved, data, faults)
+    print(f"[sim] The server is fired up and ready to roll! port={args.port}", flush=True)
+    web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,
+                handle_signals=not any(f.ignore_sigterm for f in faults))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""The simulator's HTTP server: sglang's routes over a world's decisions (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from harness.gsm8k.dataset import Gsm8k
+from harness.gsm8k.protocol import clean_solution
+from harness.sim.world import Decision, Fault, World, unit_hash
+
+_QUESTION_MARK = "Question:"
+
+
+@dataclass
+class SimState:
+    world: World
+    resolved: dict[str, Any]
+    data: Gsm8k
+    faults: list[Fault]
+    answers: dict[str, Any] = field(default_factory=dict)
+    prefixes: set[str] = field(default_factory=set)
+    requests: int = 0
+    slots: asyncio.Semaphore | None = None
+
+    def __post_init__(self) -> None:
+        self.answers = {p.question.strip(): p for p in (*self.data.train, *self.data.test)}
+
+    @property
+    def model_path(self) -> str:
+        return self.resolved["model_path"]
+
+
+def split_prompt(text: str) -> tuple[str, str]:
+    """(shared prefix, question) of a few-shot completion prompt."""
+    start = text.rfind(_QUESTION_MARK)
+    if start < 0:
+        return "", text.strip()
+    question = text[start + len(_QUESTION_MARK):]
+    question = question.rsplit("\nAnswer:", 1)[0]
+    return text[:start], question.strip()
+
+
+def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    last = str(messages[-1].get("content", "")) if messages else ""
+    question = last.strip().removeprefix(_QUESTION_MARK).strip()
+    return json.dumps(messages[:-1], sort_keys=True), question
+
+
+def compose(state: SimState, decision: Decision, question: str, max_tokens: int, chat: bool) -> tuple[str, str]:
+    """The answer text for a decision, and its finish reason."""
+    problem = state.answers.get(question)
+    if decision.kind == "empty":
+        return "", "stop"
+    if decision.kind == "garbage":
+        return ("the the 0 ," * max_tokens)[: max_tokens * 4], "length"
+    if problem is None or decision.kind == "invalid":
+        return " I am not able to work out this problem.", "stop"
+    body, _, final = clean_solution(problem.solution).rpartition("####")
+    answer = final.strip()
+    if decision.kind == "wrong":
+        offset = 1 + int(unit_hash(state.world.seed, question, "offset") * 20)
+        answer = str(int(float(answer.replace(",", ""))) + offset)
+    text = " " + body.strip() + (f"\nThe answer is {answer}." if chat else f"\n#### {answer}")
+    if len(text) // 4 + 1 > max_tokens:
+        return text[: max_tokens * 4], "length"
+    return text, "stop"
+
+
+def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    cut = min((text.find(s) for s in stop if s and s in text), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+async def _faults_before_answer(state: SimState, number: int) -> web.Response | None:
+    for fault in state.faults:
+        if fault.crash_after_requests is not None and number > fault.crash_after_requests:
+            print(f"[sim] fault {fault.name}: simulated crash after {fault.crash_after_requests} requests",
+                  file=sys.stderr, flush=True)
+            os._exit(139)
+        hang = fault.hang_after_requests is not None and number > fault.hang_after_requests
+        if hang or unit_hash(state.world.seed, "hang", number) < fault.hang_request_rate:
+            await asyncio.Event().wait()
+        in_burst = fault.error_until_request is None or number <= fault.error_until_request
+        if in_burst and unit_hash(state.world.seed, "error", number) < fault.error_rate:
+            return web.Response(status=fault.error_status, text="simulated overload")
+        if unit_hash(state.world.seed, "malformed", number) < fault.malformed_rate:
+            return web.Response(status=200, text='{"choices": [', content_type="application/json")
+    return None
+
+
+async def _answer(state: SimState, prefix: str, question: str, stop: list[str], max_tokens: int,
+                  chat: bool) -> tuple[str, str, int, int]:
+    """(text, finish_reason, prompt_tokens, completion_tokens) after the simulated service time."""
+    key = hashlib.sha1(prefix.encode()).hexdigest()
+    prefix_hit = bool(prefix) and not state.resolved["disable_radix_cache"] and key in state.prefixes
+    if not state.resolved["disable_radix_cache"] and prefix:
+        state.prefixes.add(key)
+    empty = any(unit_hash(state.world.seed, "empty", question) < f.empty_output_rate for f in state.faults)
+    decision = Decision("empty") if empty else state.world.decide(state.model_path, question, state.resolved,
+                                                                    prefix_hit)
+    text, reason = compose(state, decision, question, max_tokens, chat)
+    text, stopped = apply_stop(text, stop)
+    reason = "stop" if stopped else reason
+    prompt_tokens = (len(prefix) + len(question)) // 4 + 1
+    completion_tokens = len(text) // 4 + (1 if text else 0)
+    latency = state.world.latency
+    assert state.slots is not None
+    async with state.slots:
+        cached = len(prefix) // 4 if prefix_hit else 0
+        delay = (latency.base_s + (prompt_tokens - cached) * latency.prefill_s_per_token
+                 + completion_tokens * latency.decode_s_per_token)
+        if delay > 0:
+            await asyncio.sleep(delay)
+    return text, reason, prompt_tokens, completion_tokens
+
+
+def _stop_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def build_app(state: SimState) -> web.Application:
+    routes = web.RouteTableDef()
+
+    async def begin() -> tuple[int, web.Response | None]:
+        state.requests += 1
+        return state.requests, await _faults_before_answer(state, state.requests)
+
+    @routes.get("/health")
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    @routes.get("/health_generate")
+    async def health_generate(_: web.Request) -> web.Response:
+        if any(f.never_ready for f in state.faults):
+            return web.Response(status=503, text="not ready")
+        return web.Response(text="")
+
+    @routes.get("/get_server_info")
+    @routes.get("/server_info")
+    async def server_info(_: web.Request) -> web.Response:
+        return web.json_response({**state.resolved, "version": state.world.version})
+
+    @routes.get("/get_model_info")
+    async def model_info(_: web.Request) -> web.Response:
+        return web.json_response({"model_path": state.model_path, "tokenizer_path": state.model_path,
+                                  "is_generation": True})
+
+    @routes.get("/v1/models")
+    async def models(_: web.Request) -> web.Response:
+        name = state.resolved["served_model_name"]
+        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
+
+    @routes.route("*", "/flush_cache")
+    async def flush_cache(_: web.Request) -> web.Response:
+        state.prefixes.clear()
+        return web.Response(text="Cache flushed.")
+
+    async def body_of(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            raise web.HTTPBadRequest(text="request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="request body must be a JSON object")
+        return body
+
+    @routes.post("/generate")
+    async def generate(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        number, failure = await begin()
+        if failure is not None:
+            return failure
+        if not isinstance(body.get("text"), str):
+            return web.json_response({"error": "text is required"}, status=400)
+        params = body.get("sampling_params") or {}
+        prefix, question = split_prompt(body["text"])
+        text, reason, prompt_tokens, tokens = await _answer(
+            state, prefix, question, _stop_list(params.get("stop")), int(params.get("max_new_tokens", 128)), False)
+        return web.json_response({"text": text, "meta_info": {
+            "id": str(number), "prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+            "finish_reason": {"type": reason}}})
+
+    @routes.post("/v1/completions")
+    async def completions(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        number, failure = await begin()
+        if failure is not None:
+            return failure
+        if not isinstance(body.get("prompt"), str):
+            return web.json_response({"error": {"message": "prompt must be a string"}}, status=400)
+        prefix, question = split_prompt(body["prompt"])
+        text, reason, prompt_tokens, tokens = await _answer(
+            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 16), False)
+        return web.json_response({
+            "id": f"cmpl-{number}", "object": "text_completion", "model": body.get("model"),
+            "choices": [{"index": 0, "text": text, "finish_reason": reason}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                      "total_tokens": prompt_tokens + tokens}})
+
+    @routes.post("/v1/chat/completions")
+    async def chat(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        number, failure = await begin()
+        if failure is not None:
+            return failure
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return web.json_response({"error": {"message": "messages must be a non-empty list"}}, status=400)
+        prefix, question = split_messages(messages)
+        text, reason, prompt_tokens, tokens = await _answer(
+            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True)
+        return web.json_response({
+            "id": f"chatcmpl-{number}", "object": "chat.completion", "model": body.get("model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                      "total_tokens": prompt_tokens + tokens}})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.add_routes(routes)
+
+    async def on_startup(_: web.Application) -> None:
+        state.slots = asyncio.Semaphore(state.world.latency.slots)
+
+    app.on_startup.append(on_startup)
+    return app

@@ -1,0 +1,165 @@
+"""World files: what the simulator's models know, how configurations drift, and what is broken.
+
+A world is pure data plus pure decisions (`World.decide`): given a model, a question and a
+resolved server configuration, it says whether the answer is right, wrong, corrupted or empty.
+Every decision is a hash of its inputs, so the same world, seed and configuration always give the
+same answers, and two configurations disagree on a few percent of questions, as real backends do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.errors import ConfigError
+
+# Server-info fields that change numerics: two configurations differing in these drift apart.
+NUMERIC_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
+                  "enable_unified_memory", "disable_radix_cache", "chunked_prefill_size", "tp_size",
+                  "enable_deterministic_inference", "enable_two_batch_overlap", "random_seed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SimModel(_Strict):
+    accuracy: float = Field(ge=0, le=1)
+    kind: Literal["mla", "hybrid-linear", "dense"] = "dense"
+    # Some sglang versions turn the radix cache off for hybrid-linear models unless this strategy
+    # is given; a world can reproduce that to exercise the `mismatch` check.
+    radix_cache_needs_extra_buffer: bool = False
+    invalid_share_of_wrong: float = Field(0.1, ge=0, le=1)
+
+
+class Condition(_Strict):
+    """Matches on the model path and resolved server fields (a value or a list of values)."""
+
+    models: list[str] = []
+    when: dict[str, Any] = {}
+
+    def matches(self, model_path: str, resolved: dict[str, Any]) -> bool:
+        if self.models and model_path not in self.models:
+            return False
+        for key, wanted in self.when.items():
+            options = wanted if isinstance(wanted, list) else [wanted]
+            if resolved.get(key) not in options:
+                return False
+        return True
+
+
+class Bug(Condition):
+    name: str
+    trigger: Literal["always", "prefix_hit"] = "always"
+    # Per configuration, the share of matching requests that is corrupted is drawn in this range.
+    corrupt_probability: tuple[float, float] = (0.7, 0.95)
+    # Corrupt an answer by a wrong number, or by the whole effect a broken kernel has: junk to max tokens.
+    style: Literal["wrong", "garbage", "mixed", "empty"] = "mixed"
+
+
+class Fault(Condition):
+    """Infrastructure faults. Each field is independent; unset means absent."""
+
+    name: str = "fault"
+    startup_exit_code: int | None = None
+    startup_message: str = "RuntimeError: simulated startup failure"
+    never_ready: bool = False
+    crash_after_requests: int | None = None
+    hang_after_requests: int | None = None
+    hang_request_rate: float = 0.0
+    error_status: int = 503
+    error_rate: float = 0.0
+    error_until_request: int | None = None  # the error burst ends after this many requests
+    malformed_rate: float = 0.0
+    empty_output_rate: float = 0.0
+    ignore_sigterm: bool = False
+    spawn_grandchild: bool = False
+
+
+class Latency(_Strict):
+    slots: int = Field(256, ge=1)
+    base_s: float = Field(0.0, ge=0)
+    prefill_s_per_token: float = Field(0.0, ge=0)
+    decode_s_per_token: float = Field(0.0, ge=0)
+    startup_s: float = Field(0.2, ge=0)
+
+
+class World(_Strict):
+    version: str = "0.5.6-sim"
+    seed: int = 0
+    flip_rate: float = Field(0.10, ge=0, le=1)
+    default_backend: dict[str, str] = {"mla": "fa3", "hybrid-linear": "fa3", "dense": "triton"}
+    default_chunked_prefill_size: int = 8192
+    models: dict[str, SimModel]
+    bugs: list[Bug] = []
+    faults: list[Fault] = []
+    latency: Latency = Latency()
+    attention_backends: list[str] | None = None  # what `--attention-backend` accepts; None: sglang's list
+
+    def model(self, path: str) -> SimModel:
+        try:
+            return self.models[path]
+        except KeyError:
+            raise ConfigError(f"model {path!r} is not in the simulator's world; "
+                              f"known: {', '.join(self.models)}") from None
+
+    def faults_for(self, model_path: str, resolved: dict[str, Any]) -> list[Fault]:
+        return [fault for fault in self.faults if fault.matches(model_path, resolved)]
+
+    def decide(self, model_path: str, question: str, resolved: dict[str, Any], prefix_hit: bool) -> Decision:
+        """Right, wrong, or corrupted, for this question on this configuration."""
+        model = self.model(model_path)
+        signature = configuration_signature(resolved)
+        correct = unit_hash(self.seed, model_path, question) < model.accuracy
+        if unit_hash(self.seed, model_path, question, signature, "flip") < self.flip_rate:
+            correct = unit_hash(self.seed, model_path, question, signature, "redraw") < model.accuracy
+        for bug in self.bugs:
+            if not bug.matches(model_path, resolved) or (bug.trigger == "prefix_hit" and not prefix_hit):
+                continue
+            low, high = bug.corrupt_probability
+            strength = low + (high - low) * unit_hash(self.seed, bug.name, signature, model_path)
+            if unit_hash(self.seed, bug.name, question, signature) < strength:
+                style = bug.style
+                if style == "mixed":
+                    style = "garbage" if unit_hash(self.seed, question, "style") < 0.5 else "wrong"
+                return Decision(style, bug.name)
+        if correct:
+            return Decision("right")
+        invalid = unit_hash(self.seed, model_path, question, signature, "invalid") < model.invalid_share_of_wrong
+        return Decision("invalid" if invalid else "wrong")
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: Literal["right", "wrong", "invalid", "garbage", "empty"]
+    bug: str | None = None
+
+
+def configuration_signature(resolved: dict[str, Any]) -> str:
+    return "|".join(f"{key}={resolved.get(key)}" for key in NUMERIC_FIELDS)
+
+
+def unit_hash(*parts: object) -> float:
+    """A deterministic number in [0, 1) from its inputs."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def load_world(path: str | Path) -> World:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read simulator world {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: YAML syntax error: {error}") from None
+    try:
+        return World.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise ConfigError(f"{path}: invalid simulator world: {problems}") from None
