@@ -22,8 +22,9 @@ from harness.matrix import Matrix, expand, select
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
-console = Console()
-err_console = Console(stderr=True)
+# CI logs are not terminals; rich would wrap tables at 80 columns there.
+console = Console(width=None if sys.stdout.isatty() else 140)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 SuiteArg = Annotated[Path, typer.Argument(help="Suite file, e.g. configs/demo.yaml", show_default=False)]
 SelectOpt = Annotated[Optional[str], typer.Option(

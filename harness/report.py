@@ -24,21 +24,18 @@ def counts(results: list[CellResult]) -> dict[str, int]:
 
 
 def console_table(results: list[CellResult], title: str) -> Table:
-    factor_names = list(results[0].factors) if results else []
+    """Compact on purpose: the cell id already names the model and every factor value."""
     table = Table(title=title, show_lines=False, header_style="bold")
-    table.add_column("cell")
-    table.add_column("model")
-    for name in factor_names:
-        table.add_column(name)
-    table.add_column("accuracy [95% CI]", justify="right")
-    table.add_column("n", justify="right")
-    table.add_column("vs ref", justify="right")
     table.add_column("verdict")
+    table.add_column("cell", no_wrap=True)
+    table.add_column("accuracy [95% CI]", justify="right", no_wrap=True)
+    table.add_column("n", justify="right")
+    table.add_column("vs ref", justify="right", no_wrap=True)
     for result in results:
-        versus = "-" if result.mcnemar_p is None else f"p={result.mcnemar_p:.1g}"
-        table.add_row(result.cell_id, result.model, *(result.factors.get(n, "") for n in factor_names),
-                      _accuracy(result), str(result.n), versus,
-                      f"[{result.status.colour}]{result.status.value}[/]")
+        versus = "ref" if result.reference_cell is None and result.accuracy is not None else (
+            "-" if result.mcnemar_p is None else f"p={result.mcnemar_p:.1g}")
+        table.add_row(f"[{result.status.colour}]{result.status.value}[/]", result.cell_id, _accuracy(result),
+                      str(result.n), versus)
     return table
 
 

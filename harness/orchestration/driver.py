@@ -316,8 +316,12 @@ class Driver:
         self.results[cell.cell_id] = result
         if console is not None and not self.options.quiet:
             accuracy = f"{result.accuracy:.3f}" if result.accuracy is not None else "  -  "
-            console.print(f"[{result.status.colour}]{result.status.value:>12}[/] {accuracy} {cell.cell_id}"
-                          + (f"  ({reason.splitlines()[0][:120]})" if result.status is not Status.PASS else ""))
+            detail = ""
+            if result.status is not Status.PASS:
+                detail = "  " + (" ".join(f"{name} p={value:.1g}" for name, value in (
+                    ("floor", result.floor_p), ("vs ref", result.mcnemar_p)) if value is not None)
+                    or reason.splitlines()[0][:100])
+            console.print(f"[{result.status.colour}]{result.status.value:>12}[/] {accuracy} {cell.cell_id}{detail}")
 
     def _close(self, store: ResultsStore, info: RunInfo, tracker: Tracker | None,
                interrupted: bool) -> tuple[RunInfo, list[CellResult], int]:
