@@ -74,8 +74,12 @@ def plan(suite: SuiteArg, selection: SelectOpt = None,
     gpus = sum(c.model.tp for c in matrix.cells)
     console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
                   f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
+    by_reason: dict[str, list[str]] = {}
     for skipped in matrix.skipped:
-        console.print(f"[dim]excluded {skipped.cell_id}: {skipped.reason}[/]")
+        by_reason.setdefault(skipped.reason, []).append(skipped.cell_id)
+    for reason, ids in by_reason.items():
+        shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more; --json lists all)" if len(ids) > 3 else "")
+        console.print(f"[dim]excluded {len(ids)}: {reason}: {shown}[/]")
 
 
 @app.command()

@@ -102,7 +102,36 @@ def flags_for(axis: str, value: str, axis_spec: Any) -> tuple[list[str], dict[st
             return [], {}
         size = -1 if value == "off" else int(value)
         return ["--chunked-prefill-size", str(size)], {"chunked_prefill_size": size}
-    return list(axis_spec[value]), {}
+    flags = list(axis_spec[value])
+    return flags, expectations_from_flags(flags)
+
+
+# Flags whose effect the server reports in its info, so a custom flag set is verified too.
+_VALUE_FLAGS = {"--attention-backend": ("attention_backend", str),
+                "--prefill-attention-backend": ("prefill_attention_backend", str),
+                "--decode-attention-backend": ("decode_attention_backend", str),
+                "--chunked-prefill-size": ("chunked_prefill_size", int)}
+_SWITCH_FLAGS = {"--enable-unified-memory": "enable_unified_memory", "--disable-radix-cache": "disable_radix_cache",
+                 "--enable-two-batch-overlap": "enable_two_batch_overlap",
+                 "--enable-deterministic-inference": "enable_deterministic_inference"}
+
+
+def expectations_from_flags(flags: list[str]) -> dict[str, Any]:
+    """What the server info must say for flags it is known to report: `--enable-two-batch-overlap`
+    -> `{"enable_two_batch_overlap": True}`. Unknown flags are not checked."""
+    expected: dict[str, Any] = {}
+    for position, flag in enumerate(flags):
+        name, _, inline = flag.partition("=")
+        if name in _SWITCH_FLAGS:
+            expected[_SWITCH_FLAGS[name]] = True
+        elif name in _VALUE_FLAGS:
+            raw = inline or (flags[position + 1] if position + 1 < len(flags) else "")
+            field_name, kind = _VALUE_FLAGS[name]
+            try:
+                expected[field_name] = kind(raw)
+            except ValueError:
+                continue
+    return expected
 
 
 def rule_matches(rule: Rule, factor_values: dict[str, str]) -> bool:

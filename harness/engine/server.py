@@ -117,7 +117,8 @@ class ServerProcess:
         assert self.process is not None
         delay = 0.1
         deadline = started + self.spec.startup_timeout_s
-        timeout = aiohttp.ClientTimeout(total=30)
+        # Short probes: a port that accepts but never answers must not hide an exited process.
+        timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 code = self.process.poll()

@@ -1,0 +1,58 @@
+"""Shared fixtures: the GSM8K copy beside the checkout, one local Ray for the session, sim worlds."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+def gsm8k_folder() -> Path:
+    configured = os.environ.get("REGRESS_GSM8K_PATH")
+    folder = Path(configured) if configured else SHARED_GSM8K
+    if not (folder / "test.jsonl").is_file():
+        pytest.exit(f"GSM8K not found at {folder}; set REGRESS_GSM8K_PATH to a folder with test.jsonl and "
+                    "train.jsonl", returncode=2)
+    return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gsm8k_env() -> Path:
+    folder = gsm8k_folder()
+    os.environ["REGRESS_GSM8K_PATH"] = str(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gsm8k(_gsm8k_env: Path):
+    from harness.gsm8k.dataset import load_gsm8k
+
+    return load_gsm8k(_gsm8k_env)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray with 8 declared GPUs for every test that needs one (start-up costs ~2.5 s)."""
+    import logging
+
+    import ray
+
+    ray.init(address="local", num_cpus=2, num_gpus=8, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture()
+def python() -> str:
+    return sys.executable
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

@@ -1,0 +1,80 @@
+"""The exact argv, environment and mismatch logic for every cell of the nightly suite."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from harness.config import load_suite
+from harness.engine.launch import LaunchSpec
+from harness.engine.verify import mismatches
+from harness.matrix import expand
+from harness.sim.args import build_parser
+
+NIGHTLY = load_suite("configs/nightly.yaml").suite
+CELLS = expand(NIGHTLY).cells
+
+# Written out independently of harness.matrix, from DESIGN.md's table of axes.
+AXIS_FLAGS = {
+    ("attention_backend", "default"): [],
+    ("unified_memory", "on"): ["--enable-unified-memory"], ("unified_memory", "off"): [],
+    ("radix_cache", "on"): [], ("radix_cache", "off"): ["--disable-radix-cache"],
+    ("chunked_prefill", "default"): [], ("chunked_prefill", "off"): ["--chunked-prefill-size", "-1"],
+    ("wrapper", "none"): [],
+    ("wrapper", "split-fa3-flashmla"): ["--prefill-attention-backend", "fa3", "--decode-attention-backend", "flashmla"],
+    ("wrapper", "two-batch-overlap"): ["--enable-two-batch-overlap"],
+}
+
+
+def expected_flags(factors: dict[str, str]) -> list[str]:
+    flags: list[str] = []
+    for axis, value in factors.items():
+        if axis == "attention_backend" and value != "default":
+            flags += ["--attention-backend", value]
+        else:
+            flags += AXIS_FLAGS[(axis, value)]
+    return flags
+
+
+def spec(cell, python="/opt/venv/bin/python") -> LaunchSpec:
+    return LaunchSpec(engine="sglang", python=python, cell=cell, seed=NIGHTLY.seed, startup_timeout_s=1200,
+                      env={"SUITE_VAR": "1"})
+
+
+def test_nightly_has_wrapper_cells_and_plain_backends():
+    ids = [c.cell_id for c in CELLS]
+    assert any("split-fa3-flashmla" in i for i in ids) and any("two-batch-overlap" in i for i in ids)
+    assert len(CELLS) == 76
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.cell_id)
+def test_exact_argv_for_every_nightly_cell(cell):
+    model = cell.model
+    argv = spec(cell).argv(port=31000, nccl_port=31001)
+    assert argv == ["/opt/venv/bin/python", "-m", "sglang.launch_server", "--model-path", model.path,
+                    "--host", "127.0.0.1", "--port", "31000", "--tp-size", str(model.tp), "--random-seed", "0",
+                    "--nccl-port", "31001", "--trust-remote-code", *expected_flags(cell.factors), *model.extra_args]
+    # The simulator (and so the fake sglang package) accepts exactly this command line.
+    parsed = build_parser().parse_args(argv[3:])
+    assert parsed.tp_size == model.tp and parsed.random_seed == 0
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.cell_id)
+def test_mismatch_logic_for_every_nightly_cell(cell):
+    resolved = {"attention_backend": "fa3", "disable_radix_cache": False, **cell.expected}
+    assert mismatches(cell.expected, resolved) == []
+    flipped = dict(resolved, disable_radix_cache=not resolved["disable_radix_cache"])
+    problems = mismatches(cell.expected, flipped)
+    assert problems == [f"disable_radix_cache: requested {resolved['disable_radix_cache']!r}, "
+                        f"resolved {flipped['disable_radix_cache']!r}"]
+    assert mismatches(cell.expected, {k: v for k, v in resolved.items() if k != "tp_size"}) == [
+        f"tp_size: requested {cell.model.tp}, not reported by the server"]
+
+
+def test_environment_is_suite_then_model_and_python_defaults_to_the_driver():
+    cell = CELLS[0]
+    assert spec(cell).environment() == {"SUITE_VAR": "1", **cell.model.env}
+    from harness.engine.launch import default_python
+
+    assert default_python(None) == sys.executable and default_python("/x/python") == "/x/python"

@@ -1,0 +1,137 @@
+"""Server lifetime: readiness, early exit, timeouts, crashes, and a stop that leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.engine.server import ServerProcess, group_members
+from harness.errors import ServerError
+from harness.gsm8k.evaluator import EvalSettings, evaluate
+from harness.gsm8k.protocol import build_plan
+from tests.helpers import ROOT, fault_world, make_cell, sim_spec
+
+CELL = make_cell({"attention_backend": "triton"})
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_exit_during_startup_reports_code_and_log_tail(tmp_path):
+    world = fault_world(tmp_path, startup_exit_code=3, startup_message="torch.OutOfMemoryError: CUDA out of memory")
+
+    async def scenario():
+        async with ServerProcess(sim_spec(CELL, world), tmp_path / "s.log"):
+            pass
+
+    with pytest.raises(ServerError) as caught:
+        run(scenario())
+    assert caught.value.exit_code == 3 and "during startup" in str(caught.value)
+    assert "CUDA out of memory" in caught.value.log_tail
+
+
+def test_never_ready_times_out_and_is_stopped(tmp_path):
+    world = fault_world(tmp_path, never_ready=True)
+    server = ServerProcess(sim_spec(CELL, world, timeout_s=3), tmp_path / "s.log")
+
+    async def scenario():
+        async with server:
+            pass
+
+    with pytest.raises(ServerError, match="not ready after 3 s"):
+        run(scenario())
+    assert server.process is None and server.leftover_pids == []
+
+
+def test_crash_during_evaluation_is_a_server_error(tmp_path, gsm8k):
+    world = fault_world(tmp_path, crash_after_requests=20)
+
+    async def scenario():
+        async with ServerProcess(sim_spec(CELL, world), tmp_path / "s.log") as server:
+            await server.guard(evaluate(server.base_url, build_plan(gsm8k, "clean", 100, 0),
+                                        EvalSettings(concurrency=4, max_attempts=2, backoff_initial_s=0.5)))
+
+    with pytest.raises(ServerError, match="exited with code 139 during evaluation") as caught:
+        run(scenario())
+    assert "simulated crash" in caught.value.log_tail
+
+
+@pytest.mark.parametrize("fault", [{"ignore_sigterm": True}, {"spawn_grandchild": True},
+                                   {"ignore_sigterm": True, "spawn_grandchild": True}])
+def test_stop_leaves_no_process_of_the_group(tmp_path, fault):
+    world = fault_world(tmp_path, **fault)
+    server = ServerProcess(sim_spec(CELL, world, grace_s=1.0), tmp_path / "s.log")
+
+    async def scenario():
+        async with server:
+            group = server.process.pid
+            if fault.get("spawn_grandchild"):
+                deadline = time.monotonic() + 5
+                while len(group_members(group)) < 2 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert len(group_members(group)) >= 2
+            return group
+
+    group = run(scenario())
+    assert group_members(group) == [] and server.leftover_pids == []
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path):
+    """A Ray worker killed outright takes its server along (parent-death signal)."""
+    script = tmp_path / "parent.py"
+    script.write_text(f"""
+import asyncio, json, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from harness.engine.server import ServerProcess
+from tests.helpers import make_cell, sim_spec
+async def main():
+    server = ServerProcess(sim_spec(make_cell({{"attention_backend": "triton"}})), Path({str(tmp_path / 's.log')!r}))
+    await server.start()
+    print(json.dumps({{"group": server.process.pid}}), flush=True)
+    time.sleep(600)
+asyncio.run(main())
+""")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    group = json.loads(parent.stdout.readline())["group"]
+    assert group_members(group)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while group_members(group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_members(group) == []
+
+
+def test_address_in_use_retries_on_another_port(tmp_path, monkeypatch):
+    import socket
+
+    from harness.engine import server as server_module
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    ports = iter([taken, taken + 0])  # first launch gets the taken port (its nccl port too)
+    real = server_module.free_port
+    monkeypatch.setattr(server_module, "free_port", lambda host="127.0.0.1": next(ports, None) or real())
+    server = ServerProcess(sim_spec(CELL), tmp_path / "s.log")
+
+    async def scenario():
+        async with server:
+            return server.port
+
+    try:
+        assert run(scenario()) != taken
+    finally:
+        blocker.close()
+    assert "address already in use" in (tmp_path / "s.log").read_text().lower()

@@ -1,0 +1,58 @@
+"""Protocols: selection, prompt format, fingerprints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.gsm8k.protocol import SGLANG_STOP, build_plan
+
+
+def test_sglang_fewshot_prompt_for_question_0_is_byte_exact(gsm8k, _gsm8k_env):
+    lines = [json.loads(line) for line in (_gsm8k_env / "test.jsonl").read_text().splitlines()[:5]]
+    expected = "".join("Question: " + row["question"] + "\nAnswer: " + row["answer"] + "\n\n" for row in lines)
+    expected += "Question: " + lines[0]["question"] + "\nAnswer:"
+    plan = build_plan(gsm8k, "sglang-fewshot", 200, 0)
+    assert plan.prompts[0].text == expected
+    assert [p.index for p in plan.prompts[:3]] == [0, 1, 2]  # from index 0, shots included
+    assert plan.stop == SGLANG_STOP and plan.endpoint == "generate" and plan.max_tokens == 512
+    assert plan.temperature == 0.0
+
+
+def test_clean_shots_come_from_train_and_questions_are_a_seeded_subset(gsm8k):
+    plan = build_plan(gsm8k, "clean", 200, 0)
+    indices = [p.index for p in plan.prompts]
+    assert indices != list(range(200)) and len(set(indices)) == 200
+    assert indices == [p.index for p in build_plan(gsm8k, "clean", 200, 0).prompts]
+    assert indices != [p.index for p in build_plan(gsm8k, "clean", 200, 1).prompts]
+    text = plan.prompts[0].text
+    assert text.count("Question:") == 6 and text.endswith("\nAnswer:")
+    assert "<<" not in text.rsplit("Question:", 1)[0]  # calculator annotations removed from shots
+    for shot in plan.shot_indices:
+        assert gsm8k.train[shot].question in text
+
+
+def test_clean_all_questions_when_none(gsm8k):
+    assert len(build_plan(gsm8k, "clean", None, 0).prompts) == len(gsm8k.test) == 1319
+
+
+def test_chat_uses_messages(gsm8k):
+    plan = build_plan(gsm8k, "chat", 10, 0)
+    assert plan.endpoint == "chat" and plan.prompts[0].text is None
+    assert len(plan.prompts[0].messages) == 11 and plan.prompts[0].messages[-1][0] == "user"
+
+
+def test_fingerprint_changes_with_what_matters(gsm8k):
+    base = build_plan(gsm8k, "clean", 50, 0).fingerprint
+    assert base == build_plan(gsm8k, "clean", 50, 0).fingerprint
+    assert base != build_plan(gsm8k, "clean", 50, 1).fingerprint
+    assert base != build_plan(gsm8k, "clean", 51, 0).fingerprint
+    assert base != build_plan(gsm8k, "clean", 50, 0, max_tokens=256).fingerprint
+    assert base != build_plan(gsm8k, "chat", 50, 0).fingerprint
+
+
+def test_too_many_questions_is_a_config_error(gsm8k):
+    with pytest.raises(ConfigError, match="1319"):
+        build_plan(gsm8k, "clean", 5000, 0)

@@ -1,0 +1,118 @@
+"""The simulated server over HTTP, started through the same engine code as a real sglang."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from harness.engine.server import ServerProcess
+from harness.gsm8k.evaluator import EvalSettings, evaluate
+from harness.gsm8k.protocol import build_plan
+from tests.helpers import INCIDENT_WORLD, KIMI, make_cell, sim_spec
+
+INCIDENT_AXES = {"attention_backend": "fa3", "unified_memory": "on", "radix_cache": "on"}
+KIMI_ARGS = ["--mamba-radix-cache-strategy", "extra_buffer"]
+
+
+async def _get(url: str) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.json(content_type=None) if response.status == 200 else None
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_routes_and_resolved_config(tmp_path, gsm8k):
+    cell = make_cell(INCIDENT_AXES, KIMI, tp=2, extra_args=KIMI_ARGS)
+
+    async def scenario():
+        async with ServerProcess(sim_spec(cell), tmp_path / "s.log") as server:
+            status, info = await _get(server.base_url + "/server_info")
+            assert status == 200 and info == (await _get(server.base_url + "/get_server_info"))[1]
+            assert info["attention_backend"] == "fa3" and info["enable_unified_memory"] is True
+            assert info["disable_radix_cache"] is False and info["tp_size"] == 2 and info["random_seed"] == 0
+            assert (await _get(server.base_url + "/health"))[0] == 200
+            assert (await _get(server.base_url + "/v1/models"))[1]["data"][0]["id"] == KIMI
+            assert (await _get(server.base_url + "/get_model_info"))[1]["model_path"] == KIMI
+            async with aiohttp.ClientSession() as session, session.post(server.base_url + "/flush_cache") as r:
+                assert r.status == 200
+
+    run(scenario())
+
+
+def test_incident_cell_scores_low_and_healthy_cell_high_on_every_endpoint(tmp_path, gsm8k):
+    async def score(axes, name):
+        cell = make_cell(axes, KIMI, tp=2, extra_args=KIMI_ARGS)
+        async with ServerProcess(sim_spec(cell), tmp_path / f"{name}.log") as server:
+            results = {}
+            for protocol in ("clean", "sglang-fewshot", "chat"):
+                s, _ = await evaluate(server.base_url, build_plan(gsm8k, protocol, 100, 0), EvalSettings(concurrency=32))
+                results[protocol] = s.accuracy
+            return results
+
+    broken = run(score(INCIDENT_AXES, "broken"))
+    healthy = run(score(INCIDENT_AXES | {"attention_backend": "triton"}, "healthy"))
+    assert all(value <= 0.35 for value in broken.values()), broken
+    assert all(value >= 0.8 for value in healthy.values()), healthy
+
+
+def test_requests_that_miss_the_prefix_cache_are_not_corrupted(tmp_path, gsm8k):
+    """Give every request its own few-shot prefix: nothing hits the cache, so nothing is corrupted."""
+    cell = make_cell(INCIDENT_AXES, KIMI, tp=2, extra_args=KIMI_ARGS)
+    plan = build_plan(gsm8k, "clean", 60, 0)
+
+    async def scenario():
+        async with ServerProcess(sim_spec(cell), tmp_path / "s.log") as server:
+            correct = 0
+            async with aiohttp.ClientSession() as session:
+                for number, prompt in enumerate(plan.prompts):
+                    body = {"prompt": f"({number})\n" + prompt.text, "max_tokens": 512, "temperature": 0,
+                            "stop": ["Question:"]}
+                    async with session.post(server.base_url + "/v1/completions", json=body) as response:
+                        text = (await response.json())["choices"][0]["text"]
+                    correct += plan.grade(text, prompt.gold).correct
+            return correct / len(plan.prompts)
+
+    assert run(scenario()) >= 0.8
+
+
+def test_same_seed_gives_identical_answers(tmp_path, gsm8k):
+    cell = make_cell(INCIDENT_AXES, KIMI, tp=2, extra_args=KIMI_ARGS)
+    plan = build_plan(gsm8k, "clean", 50, 0)
+
+    async def outputs(name):
+        async with ServerProcess(sim_spec(cell), tmp_path / f"{name}.log") as server:
+            _, records = await evaluate(server.base_url, plan, EvalSettings(concurrency=1))
+            return [r.output for r in records]
+
+    assert run(outputs("a")) == run(outputs("b"))
+
+
+def test_radix_cache_is_quietly_disabled_without_the_strategy_flag(tmp_path):
+    cell = make_cell(INCIDENT_AXES, KIMI, tp=2)
+
+    async def scenario():
+        async with ServerProcess(sim_spec(cell), tmp_path / "s.log") as server:
+            return (await _get(server.base_url + "/server_info"))[1]
+
+    assert run(scenario())["disable_radix_cache"] is True
+
+
+def test_unknown_flag_is_rejected_like_argparse():
+    result = subprocess.run([sys.executable, "-m", "harness.sim", "--model-path", KIMI, "--no-such-flag"],
+                            capture_output=True, text=True, env={"REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
+                                                                 "PATH": "/usr/bin"}, timeout=60)
+    assert result.returncode == 2 and "unrecognized arguments: --no-such-flag" in result.stderr
+
+
+@pytest.mark.parametrize("flag", [["--attention-backend", "fa33"], ["--tp-size", "two"]])
+def test_invalid_flag_values_are_rejected(flag):
+    result = subprocess.run([sys.executable, "-m", "harness.sim", "--model-path", KIMI, *flag],
+                            capture_output=True, text=True, env={"REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
+                                                                 "PATH": "/usr/bin"}, timeout=60)
+    assert result.returncode == 2 and "invalid" in result.stderr

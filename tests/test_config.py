@@ -1,0 +1,115 @@
+"""Suite validation: every bad input is refused with the key path and the allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_suite
+from harness.errors import ConfigError
+
+GOOD = """
+suite: t
+engine: sim
+sim_world: configs/sim/incident.yaml
+models:
+  - {id: m, path: deepseek-ai/DeepSeek-V2-Lite-Chat, tp: 1, floor: 0.8}
+axes:
+  attention_backend: [fa3, triton]
+  radix_cache: [on, off]
+"""
+
+
+def refused(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_suite(path)
+    return str(caught.value)
+
+
+def test_the_shipped_suites_validate():
+    for name in ("demo", "nightly", "pr"):
+        assert load_suite(Path("configs") / f"{name}.yaml").suite.suite == name
+
+
+def test_good_suite_loads_and_normalises_switches(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD)
+    loaded = load_suite(path)
+    assert loaded.suite.axes["radix_cache"] == ["on", "off"]  # YAML booleans become on/off
+    assert len(loaded.sha256) == 64
+
+
+def test_unknown_key_names_the_key_and_suggests(tmp_path):
+    message = refused(tmp_path, GOOD + "num_question: 10\n")
+    assert "num_question" in message and "did you mean 'num_questions'" in message
+
+
+def test_unknown_nested_key_has_the_path(tmp_path):
+    message = refused(tmp_path, GOOD.replace("floor: 0.8}", "flor: 0.8}"))
+    assert "models[0].flor" in message and "did you mean 'floor'" in message
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    message = refused(tmp_path, GOOD.replace("tp: 1", "tp: two"))
+    assert "models[0].tp" in message and "'two'" in message
+
+
+def test_unknown_attention_backend_lists_allowed(tmp_path):
+    message = refused(tmp_path, GOOD.replace("[fa3, triton]", "[fa33, triton]"))
+    assert "axes.attention_backend" in message and "'fa33'" in message
+    assert "flashinfer" in message and "did you mean 'fa3'" in message
+
+
+def test_empty_axis(tmp_path):
+    assert "non-empty list" in refused(tmp_path, GOOD.replace("[on, off]", "[]"))
+
+
+def test_duplicate_model(tmp_path):
+    text = GOOD.replace("axes:", "  - {id: m, path: other}\naxes:")
+    assert "duplicate model id 'm'" in refused(tmp_path, text)
+
+
+def test_threshold_outside_unit_interval(tmp_path):
+    assert "models[0].floor" in refused(tmp_path, GOOD.replace("floor: 0.8", "floor: 1.5"))
+
+
+def test_unknown_protocol(tmp_path):
+    message = refused(tmp_path, GOOD + "protocol: gsm8k-cot\n")
+    assert "protocol" in message and "sglang-fewshot" in message
+
+
+@pytest.mark.parametrize("key", ["num_questions", "concurrency"])
+def test_non_positive_counts(tmp_path, key):
+    assert key in refused(tmp_path, GOOD + f"{key}: 0\n")
+
+
+def test_yaml_syntax_error_has_line_and_column(tmp_path):
+    message = refused(tmp_path, GOOD + "axes: [unclosed\n")
+    assert "line" in message and "column" in message
+
+
+def test_baseline_value_must_belong_to_axis(tmp_path):
+    message = refused(tmp_path, GOOD + "baseline: {attention_backend: flashinfer}\n")
+    assert "baseline.attention_backend" in message and "fa3, triton" in message
+
+
+def test_exclude_rule_with_unknown_factor(tmp_path):
+    message = refused(tmp_path, GOOD + "exclude:\n  - {radix: off, reason: x}\n")
+    assert "exclude[0].radix" in message and "did you mean 'radix_cache'" in message
+
+
+def test_custom_axis_must_be_named_flag_sets(tmp_path):
+    message = refused(tmp_path, GOOD + "  overlap: [tbo]\n")
+    assert "axes.overlap" in message and "--enable-two-batch-overlap" in message
+
+
+def test_sim_engine_needs_a_world(tmp_path):
+    assert "sim_world" in refused(tmp_path, GOOD.replace("sim_world: configs/sim/incident.yaml\n", ""))
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read suite file"):
+        load_suite(tmp_path / "absent.yaml")
