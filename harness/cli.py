@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -27,7 +27,7 @@ console = Console(width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 SuiteArg = Annotated[Path, typer.Argument(help="Suite file, e.g. configs/demo.yaml", show_default=False)]
-SelectOpt = Annotated[Optional[str], typer.Option(
+SelectOpt = Annotated[str | None, typer.Option(
     "--select", help="Only some cells: `model=kimi-linear,attention_backend=fa3|triton` or a cell-id glob "
                      "`'*.um-on.*'`. Reference cells of selected cells are kept.")]
 
@@ -86,16 +86,16 @@ def plan(suite: SuiteArg, selection: SelectOpt = None,
 def run(
     suite: SuiteArg,
     results_dir: Annotated[Path, typer.Option(help="Where results/<run_id>/ folders go.")] = Path("results"),
-    tracking_uri: Annotated[Optional[str], typer.Option(
-        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///<results-dir>/mlflow.db).")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else a SQLite file: RESULTS_DIR/mlflow.db).")] = None,
     no_tracking: Annotated[bool, typer.Option("--no-tracking", help="Do not log to MLflow.")] = False,
-    ray_address: Annotated[Optional[str], typer.Option(
+    ray_address: Annotated[str | None, typer.Option(
         help="Ray cluster address (default: the suite's cluster.address, else a new local Ray).")] = None,
-    num_questions: Annotated[Optional[int], typer.Option(help="Questions per cell (overrides the suite).")] = None,
-    gsm8k_path: Annotated[Optional[Path], typer.Option(
+    num_questions: Annotated[int | None, typer.Option(help="Questions per cell (overrides the suite).")] = None,
+    gsm8k_path: Annotated[Path | None, typer.Option(
         help="Folder with GSM8K test.jsonl and train.jsonl (else the suite's dataset.path, REGRESS_GSM8K_PATH, "
              "then the Hugging Face hub).")] = None,
-    resume: Annotated[Optional[str], typer.Option(help="Finish an interrupted run: only cells without a result run.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Finish an interrupted run: only cells without a result run.")] = None,
     selection: SelectOpt = None,
     trigger: Annotated[str, typer.Option(help="Recorded as the run's trigger: manual, nightly, pr.")] = "manual",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or table; exit code only.")] = False,

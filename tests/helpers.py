@@ -24,9 +24,9 @@ def make_cell(flags_axes: dict, model_path: str = DEEPSEEK, tp: int = 1, extra_a
     return expand(suite).cells[0]
 
 
-def sim_spec(cell: Cell, world: Path = INCIDENT_WORLD, gsm8k: Path | None = None, timeout_s: float = 30.0,
+def sim_spec(cell: Cell, world: Path | None = INCIDENT_WORLD, gsm8k: Path | None = None, timeout_s: float = 30.0,
              grace_s: float = 5.0) -> LaunchSpec:
-    env = {"REGRESS_SIM_WORLD": str(world)}
+    env = {"REGRESS_SIM_WORLD": str(world or INCIDENT_WORLD)}
     if gsm8k is not None:
         env["REGRESS_GSM8K_PATH"] = str(gsm8k)
     return LaunchSpec(engine="sim", python=sys.executable, cell=cell, seed=0, startup_timeout_s=timeout_s,

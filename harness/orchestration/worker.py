@@ -14,7 +14,7 @@ import ray
 
 from harness.engine.launch import LaunchSpec
 from harness.engine.server import ServerProcess
-from harness.engine.verify import mismatches, resolved_subset
+from harness.engine.verify import mismatches
 from harness.errors import InfraError, ServerError
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import ProtocolPlan

@@ -1,0 +1,87 @@
+"""Verdicts from measurements: floors, paired comparisons, errors and mismatches."""
+
+from __future__ import annotations
+
+from harness.config import GateSpec
+from harness.gate.stats import paired_comparison, wilson_interval
+from harness.gate.verdict import judge
+from harness.gsm8k.evaluator import score
+from harness.records import CellOutcome, QuestionRecord, Status
+
+GATE = GateSpec(alpha=0.01, min_effect=0.02)
+
+
+def records(pattern: list[bool], errors: int = 0) -> list[QuestionRecord]:
+    out = [QuestionRecord(index=i, prompt_sha="x", gold="1", pred="1" if ok else "2", correct=ok, correct_strict=ok,
+                          finish_reason="stop", output="", latency_s=0.0, output_tokens=1)
+           for i, ok in enumerate(pattern)]
+    out += [QuestionRecord(index=len(pattern) + i, prompt_sha="x", gold="1", pred=None, correct=False,
+                           finish_reason=None, output="", latency_s=0.0, output_tokens=0, error="HTTP 503")
+            for i in range(errors)]
+    return out
+
+
+def outcome(pattern: list[bool], errors: int = 0, **kwargs) -> CellOutcome:
+    recs = records(pattern, errors)
+    return CellOutcome(cell_id="c", args=[], score=score(recs, 1.0), questions=recs, **kwargs)
+
+
+HEALTHY = [i % 10 != 0 for i in range(200)]  # 0.90
+
+
+def test_healthy_cell_passes_with_interval():
+    verdict = judge(outcome(HEALTHY), floor=0.85, gate=GATE, cells_tested=32)
+    assert verdict.status is Status.PASS and verdict.n == 200 and verdict.accuracy == 0.9
+    assert verdict.ci_low < 0.9 < verdict.ci_high
+
+
+def test_far_below_floor_fails_with_numbers_in_reason():
+    broken = [i % 5 == 0 for i in range(200)]  # 0.20
+    verdict = judge(outcome(broken), floor=0.85, gate=GATE, cells_tested=32)
+    assert verdict.status is Status.FAIL and "below floor 0.85" in verdict.reason and "40/200" in verdict.reason
+
+
+def test_slightly_under_floor_is_inconclusive_not_fail():
+    near = [i % 100 >= 16 for i in range(200)]  # 0.84
+    assert judge(outcome(near), floor=0.85, gate=GATE, cells_tested=32).status is Status.INCONCLUSIVE
+
+
+def test_paired_drop_against_reference_fails_even_above_floor():
+    reference = outcome([True] * 190 + [False] * 10)  # 0.95
+    dropped = outcome([True] * 170 + [False] * 30)  # 0.85: lost 20, gained 0
+    verdict = judge(dropped, floor=0.5, gate=GATE, cells_tested=32, reference=reference)
+    assert verdict.status is Status.FAIL and verdict.mcnemar_p < 1e-4 and "lost 20, gained 0" in verdict.reason
+
+
+def test_paired_small_noise_passes():
+    reference = outcome(HEALTHY)
+    noisy = list(HEALTHY)
+    noisy[1], noisy[0] = False, True  # one loss, one gain
+    verdict = judge(outcome(noisy), floor=0.85, gate=GATE, cells_tested=32, reference=reference)
+    assert verdict.status is Status.PASS and verdict.agreement == 0.99
+
+
+def test_transport_failures_make_error_not_fail():
+    verdict = judge(outcome(HEALTHY, errors=30), floor=0.85, gate=GATE, cells_tested=32)
+    assert verdict.status is Status.ERROR and "30 of 230" in verdict.reason and "HTTP 503" in verdict.reason
+
+
+def test_errors_and_mismatches_win():
+    assert judge(CellOutcome(cell_id="c", args=[], error="server exited"), 0.85, GATE, 1).status is Status.ERROR
+    mismatch = outcome(HEALTHY, mismatches=["disable_radix_cache: requested False, resolved True"])
+    verdict = judge(mismatch, 0.85, GATE, 1)
+    assert verdict.status is Status.MISMATCH and "disable_radix_cache" in verdict.reason
+
+
+def test_strict_extraction_is_used_when_configured():
+    recs = [r.model_copy(update={"correct_strict": False}) for r in records(HEALTHY)]
+    cell = CellOutcome(cell_id="c", args=[], score=score(recs, 1.0), questions=recs)
+    assert judge(cell, 0.85, GateSpec(extraction="strict"), 1).status is Status.FAIL
+
+
+def test_wilson_and_paired_statistics():
+    low, high = wilson_interval(180, 200)
+    assert 0.85 < low < 0.86 and 0.93 < high < 0.94
+    paired = paired_comparison({0: True, 1: False, 2: True}, {0: True, 1: True, 2: False})
+    assert (paired.losses, paired.gains, paired.n) == (1, 1, 3) and paired.p_drop == 0.75
+    assert paired_comparison({0: True}, {1: True}) is None

@@ -1,0 +1,79 @@
+"""The evaluator against simulated servers: retries, honest failures, invalid answers."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from harness.config import GateSpec
+from harness.engine.server import ServerProcess
+from harness.gate.verdict import judge
+from harness.gsm8k.evaluator import EvalSettings, evaluate
+from harness.gsm8k.protocol import build_plan
+from harness.records import CellOutcome, Status
+from tests.helpers import fault_world, make_cell, sim_spec
+
+CELL = make_cell({"attention_backend": "triton"})
+FAST_RETRIES = EvalSettings(concurrency=16, max_attempts=6, backoff_initial_s=0.01, backoff_max_s=0.05)
+
+
+def evaluate_against(tmp_path, world, plan, settings=FAST_RETRIES):
+    async def scenario():
+        async with ServerProcess(sim_spec(CELL, world), tmp_path / "s.log") as server:
+            return await evaluate(server.base_url, plan, settings)
+
+    return asyncio.run(scenario())
+
+
+def test_a_burst_of_503s_is_retried_and_survived(tmp_path, gsm8k):
+    world = fault_world(tmp_path, error_status=503, error_rate=0.3, error_until_request=150)
+    score, records = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 100, 0))
+    assert score.n == 100 and score.infra_failures == 0
+    assert score.retries > 5 and max(r.attempts for r in records) > 1
+    assert score.accuracy > 0.8
+
+
+def test_a_burst_of_429s_is_retried_too(tmp_path, gsm8k):
+    world = fault_world(tmp_path, error_status=429, error_rate=0.5, error_until_request=100)
+    score, _ = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 60, 0))
+    assert score.n == 60 and score.retries > 0
+
+
+def test_a_server_that_keeps_failing_makes_the_cell_error_not_fail(tmp_path, gsm8k):
+    world = fault_world(tmp_path, error_status=503, error_rate=1.0)
+    settings = replace(FAST_RETRIES, max_attempts=3)
+    score, records = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 30, 0), settings)
+    assert score.n == 0 and score.infra_failures == 30
+    assert all(r.error and "HTTP 503" in r.error and r.attempts == 3 for r in records)
+    verdict = judge(CellOutcome(cell_id="c", args=[], score=score, questions=records), 0.85, GateSpec(), 1)
+    assert verdict.status is Status.ERROR
+
+
+def test_malformed_200_responses_are_transport_failures_not_wrong_answers(tmp_path, gsm8k):
+    world = fault_world(tmp_path, malformed_rate=1.0)
+    score, records = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 20, 0),
+                                      replace(FAST_RETRIES, max_attempts=2))
+    assert score.infra_failures == 20 and all("malformed" in r.error for r in records)
+
+
+def test_empty_answers_are_the_models_answer(tmp_path, gsm8k):
+    world = fault_world(tmp_path, empty_output_rate=1.0)
+    score, records = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 20, 0))
+    assert score.infra_failures == 0 and score.invalid_rate == 1.0 and score.accuracy == 0.0
+    assert all(r.error is None and r.pred is None for r in records)
+
+
+def test_other_4xx_is_not_retried_and_says_what_the_server_answered(tmp_path, gsm8k):
+    plan = build_plan(gsm8k, "clean", 5, 0)
+    broken = replace(plan, prompts=tuple(replace(p, text=None) for p in plan.prompts))
+    score, records = evaluate_against(tmp_path, None, broken)
+    assert score.infra_failures == 5
+    assert all(r.attempts == 1 and r.error.startswith("HTTP 400") and "prompt" in r.error for r in records)
+
+
+def test_records_keep_plan_order_and_token_counts(tmp_path, gsm8k):
+    plan = build_plan(gsm8k, "clean", 40, 0)
+    score, records = evaluate_against(tmp_path, None, plan)
+    assert [r.index for r in records] == [p.index for p in plan.prompts]
+    assert all(r.output_tokens > 0 and r.finish_reason == "stop" for r in records)
+    assert score.throughput.requests_per_s > 0 and 0 < score.accuracy <= 1

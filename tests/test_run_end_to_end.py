@@ -1,0 +1,153 @@
+"""`regress run` end to end: Ray, servers (simulated, and sglang through a fake package), gate, sinks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.records import CellResult
+from tests.helpers import INCIDENT_WORLD, ROOT
+
+CONTRACT_FIELDS = {"cell_id", "model", "factors", "args", "resolved", "status", "reason", "accuracy", "n", "correct",
+                   "ci_low", "ci_high", "invalid_rate", "truncated_rate", "reference_cell", "agreement", "mcnemar_p",
+                   "threshold", "timings", "throughput", "mlflow_run_id", "log_path"}
+INCIDENT_CELLS = {f"{model}.ab-{backend}.um-on.rc-on" for model in ("kimi-linear", "deepseek-v2-lite")
+                  for backend in ("fa3", "flashinfer", "flashmla")}
+FAKE_SGLANG = ROOT / "tests" / "fixtures" / "fake_sglang"
+
+
+def only_run(results_dir: Path) -> Path:
+    runs = [p for p in results_dir.iterdir() if (p / "run.json").exists()]
+    assert len(runs) == 1
+    return runs[0]
+
+
+def mlflow_runs(results_dir: Path, suite: str) -> list:
+    """Every run of the suite's experiment in the run's default store (read without touching globals)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(suite)
+    assert experiment is not None, f"no MLflow experiment {suite} in {results_dir}"
+    return client.search_runs([experiment.experiment_id], max_results=1000)
+
+
+def children_of(runs: list) -> list:
+    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result
+
+
+def test_small_simulated_run_in_process(ray_local, tmp_path):
+    result = invoke("run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--num-questions", "40",
+                    "--select", "model=kimi-linear,unified_memory=on,radix_cache=on,attention_backend=fa3|triton")
+    assert result.exit_code == 1, result.output
+    run_dir = only_run(tmp_path)
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    assert set(cells) == {"kimi-linear.ab-fa3.um-on.rc-on", "kimi-linear.ab-triton.um-on.rc-on",
+                          "kimi-linear.ab-triton.um-off.rc-on"}
+    assert cells["kimi-linear.ab-fa3.um-on.rc-on"].status.value == "fail"
+    assert cells["kimi-linear.ab-triton.um-on.rc-on"].status.value == "pass"
+    assert cells["kimi-linear.ab-fa3.um-on.rc-on"].n == 40
+    assert "failures share" in result.output and str(run_dir) in result.output
+    runs = mlflow_runs(tmp_path, "demo")
+    assert len(runs) == 4 and len(children_of(runs)) == 3
+
+
+def test_sglang_engine_through_a_fake_sglang_package(ray_local, tmp_path):
+    """The real sglang path: exact argv, inherited env plus the model's, GPUs from Ray, mismatch."""
+    record_dir = tmp_path / "record"
+    record_dir.mkdir()
+    env = {"PYTHONPATH": f"{FAKE_SGLANG}:{ROOT}", "REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
+           "FAKE_SGLANG_RECORD_DIR": str(record_dir), "FAKE_MARKER": "from-model-env"}
+    suite = tmp_path / "sglang.yaml"
+    suite.write_text(f"""
+suite: fake-sglang
+engine: sglang
+seed: 7
+num_questions: 30
+stop_grace_s: 2
+models:
+  - id: kimi-linear
+    path: moonshotai/Kimi-Linear-48B-A3B-Instruct
+    tp: 2
+    floor: 0.8
+    trust_remote_code: true
+    env: {json.dumps(env)}
+axes:
+  attention_backend: [triton, default]
+  radix_cache: [on]
+""")
+    result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking")
+    run_dir = only_run(tmp_path / "results")
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    # Without --mamba-radix-cache-strategy extra_buffer this model quietly runs without the radix cache.
+    for cell in cells.values():
+        assert cell.status.value == "mismatch", cell.reason
+        assert "disable_radix_cache: requested False, resolved True" in cell.reason
+    assert cells["kimi-linear.ab-default.rc-on"].resolved["attention_backend"] == "fa3"  # what `default` resolved to
+    assert result.exit_code == 1
+    recorded = [json.loads(p.read_text()) for p in record_dir.glob("*.json")]
+    assert len(recorded) == 2
+    for entry in recorded:
+        cell = next(c for c in cells.values() if c.args[3:] == entry["argv"])
+        assert entry["python"] == sys.executable and cell.args[:3] == [sys.executable, "-m", "sglang.launch_server"]
+        assert entry["argv"][entry["argv"].index("--random-seed") + 1] == "7"
+        assert entry["env"]["FAKE_MARKER"] == "from-model-env"
+        assert entry["env"]["CUDA_VISIBLE_DEVICES"] == cell.cuda_visible_devices
+        assert len(entry["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == 2  # tp 2: two GPUs from Ray
+        assert entry["pgid"] == entry["pid"]  # own process group, same session as the Ray worker
+
+
+def test_a_suite_with_a_typo_exits_2_and_launches_nothing(tmp_path):
+    suite = tmp_path / "typo.yaml"
+    suite.write_text((ROOT / "configs" / "demo.yaml").read_text().replace("num_questions:", "num_question:"))
+    result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--results-dir",
+                             str(tmp_path / "r")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2
+    assert "num_question" in result.stderr and "did you mean 'num_questions'" in result.stderr
+    assert not (tmp_path / "r").exists() and "Ray" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_incident_demo(tmp_path):
+    """The README's first command: 32 cells, exactly the six incident cells fail, exit 1."""
+    result = subprocess.run([str(Path(sys.executable).parent / "regress"), "run", "configs/demo.yaml",
+                             "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                            env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = only_run(tmp_path)
+    lines = (run_dir / "cells.jsonl").read_text().splitlines()
+    assert len(lines) == 32
+    cells = [json.loads(line) for line in lines]
+    assert all(CONTRACT_FIELDS <= set(cell) for cell in cells)
+    assert {c["cell_id"] for c in cells if c["status"] == "fail"} == INCIDENT_CELLS
+    assert {c["status"] for c in cells if c["cell_id"] not in INCIDENT_CELLS} == {"pass"}
+    for cell in cells:
+        assert 0.05 <= cell["accuracy"] <= 0.31 if cell["cell_id"] in INCIDENT_CELLS else cell["accuracy"] >= 0.85
+        assert len((run_dir / "questions" / f"{cell['cell_id']}.jsonl").read_text().splitlines()) == 200
+        assert Path(cell["log_path"]).is_file() and cell["mlflow_run_id"]
+    junit = ElementTree.parse(run_dir / "junit.xml").getroot()
+    assert len(junit.findall("testcase")) == 32 and len(junit.findall("testcase/failure")) == 6
+    run_info = json.loads((run_dir / "run.json").read_text())
+    assert run_info["counts"] == {"pass": 26, "fail": 6} and run_info["exit_code"] == 1
+    assert run_info["attribution"] == "attention_backend in {fa3, flashinfer, flashmla} & radix_cache=on & unified_memory=on"
+    runs = mlflow_runs(tmp_path, "demo")
+    children = children_of(runs)
+    assert len(runs) - len(children) == 1 and len(children) == 32
+    for child in children:
+        assert {"attention_backend", "unified_memory", "radix_cache", "model"} <= set(child.data.params)
+        assert {"accuracy", "ci_low", "ci_high", "invalid_rate", "eval_s"} <= set(child.data.metrics)
+    assert sorted(c.data.tags["status"] for c in children).count("fail") == 6
+    assert "failures share" in result.stdout and "mlflow ui" in result.stdout
