@@ -140,6 +140,51 @@ def run(
     raise typer.Exit(code)
 
 
+@app.command("eval")
+def eval_server(
+    base_url: Annotated[str, typer.Option(help="The running server, e.g. http://127.0.0.1:30000")],
+    protocol: Annotated[str, typer.Option(help="clean, sglang-fewshot (sglang's CI test) or chat.")] = "clean",
+    num_questions: Annotated[int | None, typer.Option(help="Questions (default: all 1319).")] = None,
+    seed: Annotated[int, typer.Option(help="Question subset and order.")] = 0,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 512,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight.")] = 256,
+    floor: Annotated[float, typer.Option(help="Accuracy floor: significantly below it is `fail`.")] = 0.0,
+    name: Annotated[str, typer.Option(help="Names the run and its single cell.")] = "eval",
+    model: Annotated[str | None, typer.Option(help="Model name in OpenAI requests (default: /v1/models).")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Where results/<run_id>/ goes.")] = Path("results"),
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default as for run).")] = None,
+    no_tracking: Annotated[bool, typer.Option("--no-tracking", help="Do not log to MLflow.")] = False,
+    gsm8k_path: Annotated[Path | None, typer.Option(help="Folder with GSM8K test.jsonl and train.jsonl.")] = None,
+) -> None:
+    """Evaluate one already-running server (sglang, vLLM, any OpenAI-compatible one) with a protocol.
+
+    Example: `regress eval --base-url http://127.0.0.1:30000 --protocol sglang-fewshot --num-questions 200 --floor 0.88`
+    """
+    from harness.config import GateSpec
+    from harness.gsm8k.dataset import load_gsm8k
+    from harness.gsm8k.evaluator import EvalSettings
+    from harness.gsm8k.protocol import build_plan
+    from harness.single import EvalRequest, run_eval
+    from harness.tracking import default_tracking_uri
+
+    try:
+        if protocol not in ("clean", "sglang-fewshot", "chat"):
+            raise ConfigError(f"--protocol: unknown protocol {protocol!r}; allowed: clean, sglang-fewshot, chat")
+        for option, value in (("--num-questions", num_questions or 1), ("--concurrency", concurrency)):
+            if value < 1:
+                raise ConfigError(f"{option}: must be at least 1 (got {value})")
+        if not 0.0 <= floor <= 1.0:
+            raise ConfigError(f"--floor: must be within [0, 1] (got {floor})")
+        data = load_gsm8k(gsm8k_path)
+        plan_ = build_plan(data, protocol, num_questions, seed, max_tokens)
+        request = EvalRequest(base_url=base_url, name=name, floor=floor, results_dir=results_dir, model_name=model,
+                              tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
+        code = run_eval(request, data, plan_, EvalSettings(concurrency=concurrency), GateSpec(), console)
+    except ConfigError as error:
+        _fail(error)
+    raise typer.Exit(code)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sim(ctx: typer.Context) -> None:
     """Start one simulated sglang server (same flags as `sglang.launch_server`; world in REGRESS_SIM_WORLD).

@@ -44,6 +44,24 @@ def _child_setup() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+async def read_server_info(base_url: str) -> dict[str, Any] | None:
+    """GET `/server_info` (newer sglang), else `/get_server_info`; None when neither route exists
+    (vLLM and other OpenAI-compatible servers)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for route in ("/server_info", "/get_server_info"):
+            try:
+                async with session.get(base_url + route) as response:
+                    if response.status in (404, 405):
+                        continue
+                    response.raise_for_status()
+                    info = await response.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+                raise ServerError(f"cannot read {route}: {error}") from None
+            if isinstance(info, dict):
+                return info
+    return None
+
+
 def tail(path: Path, lines: int = 40) -> str:
     try:
         with path.open("rb") as handle:
@@ -138,20 +156,14 @@ class ServerProcess:
 
     async def server_info(self) -> dict[str, Any]:
         """The resolved server arguments and version: `/server_info`, else `/get_server_info`."""
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            for route in ("/server_info", "/get_server_info"):
-                try:
-                    async with session.get(self.base_url + route) as response:
-                        if response.status == 404:
-                            continue
-                        response.raise_for_status()
-                        info = await response.json(content_type=None)
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
-                    raise ServerError(f"cannot read {route}: {error}", log_tail=tail(self.log_path)) from None
-                if isinstance(info, dict):
-                    return info
-        raise ServerError("the server answers neither /server_info nor /get_server_info",
-                          log_tail=tail(self.log_path))
+        try:
+            info = await read_server_info(self.base_url)
+        except ServerError as error:
+            raise ServerError(str(error), log_tail=tail(self.log_path)) from None
+        if info is None:
+            raise ServerError("the server answers neither /server_info nor /get_server_info",
+                              log_tail=tail(self.log_path))
+        return info
 
     async def guard(self, work: Awaitable[T], poll_s: float = 0.25) -> T:
         """Run `work` while watching the process; if it dies, cancel the work and raise ServerError."""

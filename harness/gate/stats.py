@@ -1,17 +1,21 @@
-"""Statistics over per-question records (scipy's exact tests; no hand-rolled distributions)."""
+"""Statistics over per-question records (scipy's exact tests; no hand-rolled distributions).
+
+scipy is imported inside the functions: it costs ~1.3 s to import, and `regress eval` should send its
+first request well before a verdict is needed.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from scipy.stats import binomtest, norm
-
 
 def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a proportion; (0, 1) when n is 0."""
     if n == 0:
         return 0.0, 1.0
+    from scipy.stats import binomtest
+
     interval = binomtest(correct, n).proportion_ci(confidence_level=confidence, method="wilson")
     return float(interval.low), float(interval.high)
 
@@ -20,6 +24,8 @@ def below_floor_p(correct: int, n: int, floor: float) -> float:
     """One-sided exact binomial p-value for "true accuracy < floor"."""
     if n == 0 or floor <= 0.0:
         return 1.0
+    from scipy.stats import binomtest
+
     return float(binomtest(correct, n, floor, alternative="less").pvalue)
 
 
@@ -40,6 +46,8 @@ class Paired:
 
 def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], confidence: float = 0.95) -> Paired | None:
     """McNemar's exact test on discordant pairs, and a normal interval for the paired drop."""
+    from scipy.stats import binomtest, norm
+
     shared = sorted(cell.keys() & reference.keys())
     n = len(shared)
     if n == 0:

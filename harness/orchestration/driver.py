@@ -26,9 +26,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness import __version__
+from harness.assemble import cell_result, close_run, sink_cell
 from harness.config import LoadedSuite
 from harness.engine.launch import LaunchSpec, default_python
-from harness.engine.verify import resolved_subset
 from harness.errors import ConfigError
 from harness.gate.attribution import explain
 from harness.gate.verdict import judge
@@ -37,8 +37,8 @@ from harness.gsm8k.evaluator import EvalSettings, score
 from harness.gsm8k.protocol import ProtocolPlan
 from harness.matrix import Cell, Matrix
 from harness.orchestration.worker import CellJob, CellWorker
-from harness.records import CellOutcome, CellResult, RunInfo, Status, Throughput, run_exit_code
-from harness.report import counts, junit_xml, print_summary, summary_markdown
+from harness.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
+from harness.report import print_summary
 from harness.store import ResultsStore, new_run_id
 from harness.tracking import Tracker
 
@@ -292,27 +292,11 @@ class Driver:
             self.finished[cell.cell_id] = outcome
         reference = None if reference_missing or cell.reference_cell is None else self.finished.get(cell.reference_cell)
         verdict = judge(outcome, cell.model.floor, self.suite.gate, len(self.matrix.cells), reference)
-        reason = verdict.reason
-        if outcome.log_tail and verdict.status is Status.ERROR:
-            reason += "\n--- server log tail ---\n" + outcome.log_tail
-        score_ = outcome.score
         log_path = store.write_log(cell.cell_id, log) if log else None
-        result = CellResult(
-            cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors, args=outcome.args,
-            resolved=resolved_subset(outcome.server.resolved), status=verdict.status, reason=reason,
-            accuracy=verdict.accuracy, n=verdict.n, correct=verdict.correct, ci_low=verdict.ci_low,
-            ci_high=verdict.ci_high, invalid_rate=score_.invalid_rate if score_ else None,
-            truncated_rate=score_.truncated_rate if score_ else None, reference_cell=cell.reference_cell,
-            agreement=verdict.agreement, mcnemar_p=verdict.mcnemar_p, floor_p=verdict.floor_p,
-            threshold=cell.model.floor, timings=outcome.timings,
-            throughput=score_.throughput if score_ else Throughput(), log_path=str(log_path) if log_path else None,
-            protocol_fingerprint=self.plan.fingerprint, server_version=outcome.server.version,
-            cuda_visible_devices=outcome.server.cuda_visible_devices)
-        store.write_questions(cell.cell_id, outcome.questions)
-        if tracker is not None:
-            run_id = tracker.log_cell(result, outcome.questions, outcome.server.resolved, log)
-            result = result.model_copy(update={"mlflow_run_id": run_id})
-        store.append_cell(result)
+        result = cell_result(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
+                             reference_cell=cell.reference_cell, floor=cell.model.floor, outcome=outcome,
+                             verdict=verdict, fingerprint=self.plan.fingerprint, log_path=log_path)
+        result = sink_cell(store, tracker, result, outcome, log)
         self.results[cell.cell_id] = result
         if console is not None and not self.options.quiet:
             accuracy = f"{result.accuracy:.3f}" if result.accuracy is not None else "  -  "
@@ -320,7 +304,7 @@ class Driver:
             if result.status is not Status.PASS:
                 detail = "  " + (" ".join(f"{name} p={value:.1g}" for name, value in (
                     ("floor", result.floor_p), ("vs ref", result.mcnemar_p)) if value is not None)
-                    or reason.splitlines()[0][:100])
+                    or result.reason.splitlines()[0][:100])
             console.print(f"[{result.status.colour}]{result.status.value:>12}[/] {accuracy} {cell.cell_id}{detail}")
 
     def _close(self, store: ResultsStore, info: RunInfo, tracker: Tracker | None,
@@ -333,18 +317,8 @@ class Driver:
                    if r.status is Status.PASS and r.cell_id in self.cells]
         explanation = explain(failing, passing)
         exit_code = 130 if interrupted else run_exit_code([r.status for r in results])
-        versions = {r.server_version for r in results if r.server_version}
-        info = info.model_copy(update={
-            "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "counts": counts(results),
-            "exit_code": exit_code, "attribution": str(explanation) if explanation else None,
-            "interrupted": interrupted, "sglang_version": ", ".join(sorted(versions)) or None})
-        summary = summary_markdown(info, results)
-        store.write_text("summary.md", summary)
-        store.write_text("junit.xml", junit_xml(info, results))
-        if tracker is not None:
-            tracker.finish(info, {"summary.md": summary})
-            info = info.model_copy(update={"tracking_error": tracker.error})
-        store.write_run(info)
+        info = close_run(store, info, results, tracker, exit_code, interrupted=interrupted,
+                         attribution=str(explanation) if explanation else None)
         if not self.options.quiet:
             print_summary(self.console, info, results, str(store.path))
             if interrupted:

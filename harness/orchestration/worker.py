@@ -55,7 +55,8 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
         async with server:
             timings["startup_s"] = server.startup_s
             raw_info = await server.server_info()
-            info = info.model_copy(update={"version": str(raw_info.get("version")), "port": server.port,
+            version = raw_info.get("version")
+            info = info.model_copy(update={"version": None if version is None else str(version), "port": server.port,
                                            "resolved": raw_info})
             problems = mismatches(cell.expected, raw_info)
             if problems:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,9 @@ class SimState:
     answers: dict[str, Any] = field(default_factory=dict)
     prefixes: set[str] = field(default_factory=set)
     requests: int = 0
+    first_request_at: float | None = None
+    busy_slot_s: float = 0.0  # slot-seconds spent serving: utilisation = busy / (slots x wall time)
+    serving: dict[int, float] = field(default_factory=dict)  # request number -> when it got its slot
     slots: asyncio.Semaphore | None = None
 
     def __post_init__(self) -> None:
@@ -97,7 +101,7 @@ async def _faults_before_answer(state: SimState, number: int) -> web.Response | 
 
 
 async def _answer(state: SimState, prefix: str, question: str, stop: list[str], max_tokens: int,
-                  chat: bool) -> tuple[str, str, int, int]:
+                  chat: bool, number: int = 0) -> tuple[str, str, int, int]:
     """(text, finish_reason, prompt_tokens, completion_tokens) after the simulated service time."""
     key = hashlib.sha1(prefix.encode()).hexdigest()
     prefix_hit = bool(prefix) and not state.resolved["disable_radix_cache"] and key in state.prefixes
@@ -114,11 +118,14 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
     latency = state.world.latency
     assert state.slots is not None
     async with state.slots:
+        acquired = state.serving[number] = time.perf_counter()
         cached = len(prefix) // 4 if prefix_hit else 0
         delay = (latency.base_s + (prompt_tokens - cached) * latency.prefill_s_per_token
                  + completion_tokens * latency.decode_s_per_token)
         if delay > 0:
             await asyncio.sleep(delay)
+        state.busy_slot_s += time.perf_counter() - acquired
+        del state.serving[number]
     return text, reason, prompt_tokens, completion_tokens
 
 
@@ -133,7 +140,17 @@ def build_app(state: SimState) -> web.Application:
 
     async def begin() -> tuple[int, web.Response | None]:
         state.requests += 1
+        if state.first_request_at is None:
+            state.first_request_at = time.time()
         return state.requests, await _faults_before_answer(state, state.requests)
+
+    @routes.get("/sim/stats")
+    async def stats(_: web.Request) -> web.Response:
+        """Not an sglang route: what benchmarks read (requests served, when the first arrived)."""
+        now = time.perf_counter()
+        return web.json_response({"requests": state.requests, "first_request_at": state.first_request_at,
+                                  "slots": state.world.latency.slots, "busy_slot_s": state.busy_slot_s + sum(now - t for t in state.serving.values()),
+                                  "at": now})
 
     @routes.get("/health")
     async def health(_: web.Request) -> web.Response:
@@ -185,7 +202,7 @@ def build_app(state: SimState) -> web.Application:
         params = body.get("sampling_params") or {}
         prefix, question = split_prompt(body["text"])
         text, reason, prompt_tokens, tokens = await _answer(
-            state, prefix, question, _stop_list(params.get("stop")), int(params.get("max_new_tokens", 128)), False)
+            state, prefix, question, _stop_list(params.get("stop")), int(params.get("max_new_tokens", 128)), False, number)
         return web.json_response({"text": text, "meta_info": {
             "id": str(number), "prompt_tokens": prompt_tokens, "completion_tokens": tokens,
             "finish_reason": {"type": reason}}})
@@ -200,7 +217,7 @@ def build_app(state: SimState) -> web.Application:
             return web.json_response({"error": {"message": "prompt must be a string"}}, status=400)
         prefix, question = split_prompt(body["prompt"])
         text, reason, prompt_tokens, tokens = await _answer(
-            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 16), False)
+            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 16), False, number)
         return web.json_response({
             "id": f"cmpl-{number}", "object": "text_completion", "model": body.get("model"),
             "choices": [{"index": 0, "text": text, "finish_reason": reason}],
@@ -218,7 +235,7 @@ def build_app(state: SimState) -> web.Application:
             return web.json_response({"error": {"message": "messages must be a non-empty list"}}, status=400)
         prefix, question = split_messages(messages)
         text, reason, prompt_tokens, tokens = await _answer(
-            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True)
+            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True, number)
         return web.json_response({
             "id": f"chatcmpl-{number}", "object": "chat.completion", "model": body.get("model"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],

@@ -77,3 +77,17 @@ def test_records_keep_plan_order_and_token_counts(tmp_path, gsm8k):
     assert [r.index for r in records] == [p.index for p in plan.prompts]
     assert all(r.output_tokens > 0 and r.finish_reason == "stop" for r in records)
     assert score.throughput.requests_per_s > 0 and 0 < score.accuracy <= 1
+
+
+def test_the_openai_client_path_scores_the_same(tmp_path, gsm8k):
+    plan = build_plan(gsm8k, "chat", 30, 0)
+    _, by_aiohttp = evaluate_against(tmp_path, None, plan)
+    score, by_openai = evaluate_against(tmp_path, None, plan, replace(FAST_RETRIES, client="openai"))
+    assert [r.correct for r in by_openai] == [r.correct for r in by_aiohttp] and score.n == 30
+
+
+def test_the_openai_client_path_retries_and_reports(tmp_path, gsm8k):
+    world = fault_world(tmp_path, error_status=503, error_rate=1.0)
+    score, records = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 5, 0),
+                                      replace(FAST_RETRIES, client="openai", max_attempts=2))
+    assert score.infra_failures == 5 and all(r.attempts == 2 and "HTTP 503" in r.error for r in records)
