@@ -29,7 +29,8 @@ def cell_result(*, cell_id: str, model: str, factors: dict[str, str], reference_
         agreement=verdict.agreement, mcnemar_p=verdict.mcnemar_p, floor_p=verdict.floor_p, threshold=floor,
         timings=outcome.timings, throughput=score.throughput if score else Throughput(),
         log_path=str(log_path) if log_path else None, protocol_fingerprint=fingerprint,
-        server_version=outcome.server.version, cuda_visible_devices=outcome.server.cuda_visible_devices)
+        server_version=outcome.server.version, cuda_visible_devices=outcome.server.cuda_visible_devices,
+        node=outcome.server.node)
 
 
 def sink_cell(store: ResultsStore, tracker: Tracker | None, result: CellResult, outcome: CellOutcome,

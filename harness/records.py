@@ -69,6 +69,9 @@ class Timings(Record):
     startup_s: float = 0.0
     eval_s: float = 0.0
     total_s: float = 0.0
+    # Wall clock (epoch seconds) when the worker started and finished: GPU occupancy for schedules.
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 class Throughput(Record):
@@ -145,6 +148,7 @@ class CellResult(Record):
     protocol_fingerprint: str | None = None
     server_version: str | None = None
     cuda_visible_devices: str | None = None
+    node: str | None = None
 
 
 class RunInfo(Record):

@@ -49,8 +49,8 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
     cell = job.spec.cell
     log_path = log_dir / f"{cell.cell_id}.log"
     server = ServerProcess(job.spec, log_path)
-    info = ServerInfo(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), node=socket.gethostname())
-    timings = {"queued_s": max(0.0, started - job.queued_at)}
+    info = ServerInfo(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), node=node_id())
+    timings: dict[str, float] = {"queued_s": max(0.0, started - job.queued_at), "started_at": started}
     try:
         async with server:
             timings["startup_s"] = server.startup_s
@@ -75,9 +75,18 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
     if server.leftover_pids:
         outcome = outcome.model_copy(update={"error": outcome.error or
                                              f"server processes survived the stop: {server.leftover_pids}"})
-    timings["total_s"] = time.time() - started + timings["queued_s"]
+    timings["ended_at"] = time.time()
+    timings["total_s"] = timings["ended_at"] - started + timings["queued_s"]
     outcome = outcome.model_copy(update={"timings": Timings(**timings)})
     return outcome, _read_log(log_path)
+
+
+def node_id() -> str:
+    """The Ray node this runs on (hostnames repeat on simulated clusters), else the hostname."""
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside a Ray worker there is no runtime context
+        return socket.gethostname()
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -85,7 +94,7 @@ class CellWorker:
     """One actor per cell, holding `num_gpus = tp` GPUs on one node for the server's lifetime."""
 
     def where(self) -> dict[str, str | None]:
-        return {"node": socket.gethostname(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {"node": node_id(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def run(self, job: CellJob, plan: ProtocolPlan) -> tuple[CellOutcome, str]:
         with tempfile.TemporaryDirectory(prefix="regress-cell-") as log_dir:

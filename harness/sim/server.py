@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -89,6 +90,13 @@ async def _faults_before_answer(state: SimState, number: int) -> web.Response | 
             print(f"[sim] fault {fault.name}: simulated crash after {fault.crash_after_requests} requests",
                   file=sys.stderr, flush=True)
             os._exit(139)
+        if fault.kill_parent_after_requests is not None and number > fault.kill_parent_after_requests:
+            once = Path(fault.once_file) if fault.once_file else None
+            if once is None or not once.exists():
+                if once is not None:
+                    once.write_text(str(os.getppid()))
+                print(f"[sim] fault {fault.name}: killing parent {os.getppid()}", file=sys.stderr, flush=True)
+                os.kill(os.getppid(), 9)
         hang = fault.hang_after_requests is not None and number > fault.hang_after_requests
         if hang or unit_hash(state.world.seed, "hang", number) < fault.hang_request_rate:
             await asyncio.Event().wait()

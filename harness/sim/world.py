@@ -79,6 +79,10 @@ class Fault(Condition):
     empty_output_rate: float = 0.0
     ignore_sigterm: bool = False
     spawn_grandchild: bool = False
+    # Kill the process that started the server (a Ray worker dying mid-cell). With `once_file`, only
+    # the first server to get there does it (the file records that it happened).
+    kill_parent_after_requests: int | None = None
+    once_file: str | None = None
 
 
 class Latency(_Strict):
