@@ -186,6 +186,39 @@ def eval_server(
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    ctx: typer.Context,
+    suite: SuiteArg,
+    address: Annotated[str, typer.Option(help="The cluster's Jobs API, e.g. http://head:8265")],
+    python: Annotated[str, typer.Option(help="Interpreter on the cluster that has this package's dependencies.")] = "python",
+    working_dir: Annotated[Path, typer.Option(help="Uploaded as the job's working dir (must hold the suite).")] = Path("."),
+    no_follow: Annotated[bool, typer.Option("--no-follow", help="Return once submitted; do not stream logs.")] = False,
+) -> None:
+    """Run a suite as a Ray Job on a cluster, stream its logs and exit with its exit code.
+
+    Options after the suite that `submit` does not know are passed to `regress run` on the cluster.
+
+    Example: `RAY_AUTH_MODE=token regress submit configs/nightly.yaml --address http://head:8265
+    --trigger nightly --tracking-uri http://mlflow:5000`
+    """
+    from harness.errors import InfraError
+    from harness.orchestration.jobs import Submission
+    from harness.orchestration.jobs import submit as submit_job
+
+    try:
+        loaded, _ = _load(suite, None)
+        submission = Submission(address=address, suite_path=suite.resolve(), run_args=list(ctx.args),
+                                runtime_env=loaded.suite.cluster.runtime_env, python=python, working_dir=working_dir)
+        code = submit_job(submission, follow=not no_follow)
+    except ConfigError as error:
+        _fail(error)
+    except InfraError as error:
+        err_console.print(f"[bold red]error[/]: {error}", highlight=False)
+        raise typer.Exit(3) from None
+    raise typer.Exit(code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def sim(ctx: typer.Context) -> None:
     """Start one simulated sglang server (same flags as `sglang.launch_server`; world in REGRESS_SIM_WORLD).
 

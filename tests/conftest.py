@@ -43,7 +43,7 @@ def ray_local():
     import ray
 
     ray.init(address="local", num_cpus=2, num_gpus=8, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING)
+             logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
     yield ray
     ray.shutdown()
 

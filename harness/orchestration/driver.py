@@ -92,7 +92,8 @@ def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(address="local", num_gpus=spec.gpus, num_cpus=spec.cpus, **kwargs)
+            # Loopback only: a local cluster has no reason to listen on the machine's network address.
+            ray.init(address="local", num_gpus=spec.gpus, num_cpus=spec.cpus, _node_ip_address="127.0.0.1", **kwargs)
     try:
         yield
     finally:

@@ -1,0 +1,51 @@
+"""`regress submit` against a real local Ray cluster with the Jobs API (dashboard on loopback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harness.orchestration.jobs import Submission, entrypoint, runtime_env_for
+from tests.helpers import ROOT
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def test_entrypoint_is_quoted_and_relative_to_the_working_dir():
+    submission = Submission(address="http://h:8265", suite_path=ROOT / "configs" / "demo.yaml",
+                            run_args=["--select", "model=kimi-linear; rm -rf /"], runtime_env={"env_vars": {"A": "1"}},
+                            working_dir=ROOT)
+    assert entrypoint(submission) == ("python -m harness.cli run configs/demo.yaml --ray-address auto "
+                                      "--select 'model=kimi-linear; rm -rf /'")
+    env = runtime_env_for(submission)
+    assert env["env_vars"] == {"A": "1"} and env["working_dir"] == str(ROOT) and ".venv" in env["excludes"]
+
+
+@pytest.mark.slow
+def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
+    ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # Unix socket paths must stay under 108 bytes
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "token"}
+    port = "8299"
+    start = subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", "6399",
+                            "--num-cpus", "2", "--num-gpus", "8", "--include-dashboard", "true",
+                            "--dashboard-host", "127.0.0.1", "--dashboard-port", port, "--disable-usage-stats"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "regress"), "submit", "configs/demo.yaml", "--address",
+             f"http://127.0.0.1:{port}", "--python", sys.executable, "--select",
+             "model=deepseek-v2-lite,attention_backend=fa3,unified_memory=on,radix_cache=on",
+             "--num-questions", "30", "--no-tracking", "--results-dir", str(tmp_path / "results")],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=60)
+    assert "submitted Ray job" in result.stdout
+    assert "deepseek-v2-lite.ab-fa3.um-on.rc-on" in result.stdout  # the job's log, streamed
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert list((tmp_path / "results").glob("demo-*/cells.jsonl"))
