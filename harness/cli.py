@@ -74,6 +74,9 @@ def plan(suite: SuiteArg, selection: SelectOpt = None,
     gpus = sum(c.model.tp for c in matrix.cells)
     console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
                   f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
+    if any("auto" in values for values in loaded.suite.axes.values() if isinstance(values, list)):
+        console.print("[dim]`auto` is shown as sglang's documented backends; `run` reads them from the "
+                      "installed sglang on a worker[/]")
     by_reason: dict[str, list[str]] = {}
     for skipped in matrix.skipped:
         by_reason.setdefault(skipped.reason, []).append(skipped.cell_id)
@@ -106,7 +109,7 @@ def run(
     """
     from harness.gsm8k.dataset import load_gsm8k
     from harness.gsm8k.protocol import build_plan
-    from harness.orchestration.driver import Driver, RunOptions, check_fits, ray_cluster
+    from harness.orchestration.driver import Driver, RunOptions, check_fits, expand_auto, ray_cluster
     from harness.sim.world import load_world
     from harness.tracking import default_tracking_uri
 
@@ -133,6 +136,7 @@ def run(
 
             ResultsStore.existing(results_dir, resume)
         with ray_cluster(loaded, ray_address):
+            matrix = expand_auto(loaded, selection, data.source) or matrix
             check_fits(matrix)
             _, _, code = Driver(loaded, matrix, data, protocol_plan, options, console).run()
     except ConfigError as error:

@@ -166,6 +166,8 @@ class Suite(Strict):
                         raise ValueError(f"{where}: unknown factor; allowed: {', '.join(factor_names)}"
                                          + did_you_mean(key, factor_names))
                     allowed = model_ids if key == "model" else axis_value_names(self.axes[key])
+                    if key in BACKEND_AXES and "auto" in allowed:
+                        allowed = list(SGLANG_ATTENTION_BACKENDS)  # what `auto` may expand to
                     for value in values:
                         if value not in allowed:
                             raise ValueError(f"{where}: {value!r} is not a value of '{key}'; "

@@ -151,3 +151,28 @@ def test_the_incident_demo(tmp_path):
         assert {"accuracy", "ci_low", "ci_high", "invalid_rate", "eval_s"} <= set(child.data.metrics)
     assert sorted(c.data.tags["status"] for c in children).count("fail") == 6
     assert "failures share" in result.stdout and "mlflow ui" in result.stdout
+
+
+def test_auto_expands_to_the_backends_the_installed_sglang_accepts(ray_local, tmp_path):
+    """`auto` reads `--attention-backend`'s choices from (fake) sglang on a worker: a build that
+    knows only three backends gets exactly three cells per model, minus exclusions."""
+    import yaml
+
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["attention_backends"] = ["triton", "fa3", "brand_new_backend"]
+    world["models"]["example/dense"] = {"accuracy": 0.9}
+    world_path = tmp_path / "world.yaml"
+    world_path.write_text(yaml.safe_dump(world))
+    env = {"PYTHONPATH": f"{FAKE_SGLANG}:{ROOT}", "REGRESS_SIM_WORLD": str(world_path)}
+    suite = tmp_path / "auto.yaml"
+    suite.write_text(yaml.safe_dump({
+        "suite": "auto", "engine": "sglang", "num_questions": 10, "stop_grace_s": 2,
+        "models": [{"id": "dense", "path": "example/dense", "floor": 0.5, "env": env}],
+        "axes": {"attention_backend": ["triton", "auto"]},
+        "exclude": [{"attention_backend": "fa3", "reason": "known broken on this GPU"}]}))
+    result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking", "--quiet")
+    run_dir = only_run(tmp_path / "results")
+    cells = {c.cell_id: c.status.value for c in map(CellResult.model_validate_json,
+                                                     (run_dir / "cells.jsonl").read_text().splitlines())}
+    assert cells == {"dense.ab-triton": "pass", "dense.ab-brand_new_backend": "pass", "dense.ab-fa3": "skipped"}
+    assert result.exit_code == 0

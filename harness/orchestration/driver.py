@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness import __version__
 from harness.assemble import cell_result, close_run, sink_cell
-from harness.config import LoadedSuite
+from harness.config import BACKEND_AXES, LoadedSuite
 from harness.engine.launch import LaunchSpec, default_python
 from harness.errors import ConfigError
 from harness.gate.attribution import explain
@@ -35,7 +35,7 @@ from harness.gate.verdict import judge
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, score
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.matrix import Cell, Matrix
+from harness.matrix import Cell, Matrix, expand, select
 from harness.orchestration.worker import CellJob, CellWorker
 from harness.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
 from harness.report import print_summary
@@ -101,6 +101,35 @@ def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
             ray.shutdown()
 
 
+def engine_env(loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
+    """Variables every server of the suite gets: the simulator's world and data for `sim`."""
+    env: dict[str, str] = {}
+    if loaded.suite.engine == "sim":
+        assert loaded.suite.sim_world is not None
+        env["REGRESS_SIM_WORLD"] = str(loaded.resolve_path(loaded.suite.sim_world))
+        if data_source and not data_source.startswith("hub:"):
+            env["REGRESS_GSM8K_PATH"] = data_source
+    return env
+
+
+@ray.remote(num_cpus=0)
+def _accepted_backends(engine: str, python: str, env: dict[str, str]) -> tuple[str, ...]:
+    from harness.engine.discover import accepted_attention_backends
+
+    return accepted_attention_backends(engine, python, env)
+
+
+def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | None) -> Matrix | None:
+    """If an attention axis says `auto`, re-expand with what the cluster's sglang accepts (read on a
+    worker with the first model's environment); None when no axis says `auto`."""
+    spec = loaded.suite
+    if not any(axis in BACKEND_AXES and "auto" in values for axis, values in spec.axes.items()):
+        return None
+    env = {**engine_env(loaded, data_source), **spec.models[0].env}
+    backends = ray.get(_accepted_backends.remote(spec.engine, default_python(spec.python), env))
+    return select(expand(spec, tuple(backends)), selection)
+
+
 def check_fits(matrix: Matrix) -> None:
     """Refuse cells that no node can hold, before anything is launched."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -155,15 +184,9 @@ class Driver:
         return store, info
 
     def _launch_spec(self, cell: Cell) -> LaunchSpec:
-        env: dict[str, str] = {}
-        if self.suite.engine == "sim":
-            assert self.suite.sim_world is not None
-            env["REGRESS_SIM_WORLD"] = str(self.loaded.resolve_path(self.suite.sim_world))
-            if not self.data.source.startswith("hub:"):
-                env["REGRESS_GSM8K_PATH"] = self.data.source
         return LaunchSpec(engine=self.suite.engine, python=default_python(self.suite.python), cell=cell,
-                          seed=self.suite.seed, startup_timeout_s=cell.model.startup_timeout_s, env=env,
-                          stop_grace_s=self.suite.stop_grace_s)
+                          seed=self.suite.seed, startup_timeout_s=cell.model.startup_timeout_s,
+                          env=engine_env(self.loaded, self.data.source), stop_grace_s=self.suite.stop_grace_s)
 
     def _settings(self) -> EvalSettings:
         return EvalSettings(concurrency=self.suite.concurrency, request_timeout_s=self.suite.request_timeout_s,

@@ -15,13 +15,19 @@ from harness.sim.world import World
 
 
 def build_parser(backends: list[str] | None = None) -> argparse.ArgumentParser:
-    choices = backends or list(SGLANG_ATTENTION_BACKENDS)
     parser = argparse.ArgumentParser(
         prog="python -m harness.sim",
         description="A simulated sglang server. Same flags as `python -m sglang.launch_server` for those the "
                     "regression matrix uses; behaviour from the world file in REGRESS_SIM_WORLD.",
         epilog="example: REGRESS_SIM_WORLD=configs/sim/incident.yaml python -m harness.sim "
                "--model-path moonshotai/Kimi-Linear-48B-A3B-Instruct --port 30000 --tp-size 2 --attention-backend fa3")
+    add_arguments(parser, backends)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser, backends: list[str] | None = None) -> None:
+    """sglang's flags as far as the simulator honours them (`ServerArgs.add_cli_args` in spirit)."""
+    choices = backends or list(SGLANG_ATTENTION_BACKENDS)
     add = parser.add_argument
     add("--model-path", required=True)
     add("--tokenizer-path", default=None)
@@ -50,7 +56,6 @@ def build_parser(backends: list[str] | None = None) -> argparse.ArgumentParser:
     add("--disable-cuda-graph", action="store_true")
     add("--kv-cache-dtype", default="auto")
     add("--log-level", default="info")
-    return parser
 
 
 def resolve(args: argparse.Namespace, world: World) -> dict[str, Any]:
