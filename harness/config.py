@@ -117,7 +117,10 @@ class Suite(Strict):
     seed: int = 0
     concurrency: Annotated[int, Field(ge=1, le=4096)] = 256
     request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    request_attempts: Annotated[int, Field(ge=1, le=20)] = 6  # per question: timeouts, 5xx, 429, bad JSON
     stop_grace_s: Annotated[float, Field(ge=0)] = 30.0
+    # No answer for this long, and /health_generate silent too: the server hung; the cell is `error`.
+    stall_timeout_s: Annotated[float, Field(gt=0)] = 300.0
     gate: GateSpec = GateSpec()
     models: Annotated[list[ModelSpec], Field(min_length=1)]
     axes: dict[str, Any] = {}

@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -165,8 +165,12 @@ class ServerProcess:
                               log_tail=tail(self.log_path))
         return info
 
-    async def guard(self, work: Awaitable[T], poll_s: float = 0.25) -> T:
-        """Run `work` while watching the process; if it dies, cancel the work and raise ServerError."""
+    async def guard(self, work: Awaitable[T], progress: Callable[[], float] | None = None,
+                    stall_timeout_s: float | None = None, poll_s: float = 0.25) -> T:
+        """Run `work` while watching the server; cancel it and raise ServerError if the process dies,
+        or if nothing progressed for `stall_timeout_s` and `/health_generate` does not answer either
+        (a hung server: requests would otherwise sit out their whole timeouts and retries).
+        `progress` returns the monotonic time of the last progress."""
         assert self.process is not None
         task = asyncio.ensure_future(work)
         try:
@@ -178,11 +182,24 @@ class ServerProcess:
                 if code is not None:
                     raise ServerError(f"server exited with code {code} during evaluation", exit_code=code,
                                       log_tail=tail(self.log_path))
+                if progress is not None and stall_timeout_s is not None:
+                    quiet_s = time.monotonic() - progress()
+                    if quiet_s > stall_timeout_s and not await self._answers_health(timeout_s=10):
+                        raise ServerError(f"server hung: no answer for {quiet_s:.0f} s and /health_generate "
+                                          "does not answer within 10 s", log_tail=tail(self.log_path))
         finally:
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+    async def _answers_health(self, timeout_s: float) -> bool:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session, \
+                    session.get(self.base_url + "/health_generate") as response:
+                return response.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

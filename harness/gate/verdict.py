@@ -46,9 +46,9 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
         return Verdict(Status.MISMATCH, "server did not honour the requested configuration: "
                        + "; ".join(outcome.mismatches))
     score = outcome.score
-    if score is None or score.n == 0:
-        return Verdict(Status.ERROR, "no question was answered")
-    asked = score.n + score.infra_failures
+    asked = score.n + score.infra_failures if score else 0
+    if score is None or asked == 0:
+        return Verdict(Status.ERROR, "no question was asked")
     if score.infra_failures / asked > gate.max_infra_failure_rate:
         first = next((r.error for r in outcome.questions if r.error), "")
         return Verdict(Status.ERROR, f"{score.infra_failures} of {asked} questions failed in transport "

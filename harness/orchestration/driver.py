@@ -190,7 +190,7 @@ class Driver:
 
     def _settings(self) -> EvalSettings:
         return EvalSettings(concurrency=self.suite.concurrency, request_timeout_s=self.suite.request_timeout_s,
-                            model_name="default")
+                            max_attempts=self.suite.request_attempts, model_name="default")
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> tuple[RunInfo, list[CellResult], int]:
@@ -238,7 +238,8 @@ class Driver:
             options["accelerator_type"] = cell.model.gpu_type
         actor = CellWorker.options(**options).remote()
         self.queued_at.setdefault(cell.cell_id, time.time())
-        job = CellJob(spec=self._launch_spec(cell), settings=self._settings(), queued_at=self.queued_at[cell.cell_id])
+        job = CellJob(spec=self._launch_spec(cell), settings=self._settings(), queued_at=self.queued_at[cell.cell_id],
+                      stall_timeout_s=self.suite.stall_timeout_s)
         return _Live(cell, actor, actor.where.remote(), actor.run.remote(job, plan_ref), attempt)
 
     def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None) -> None:

@@ -28,6 +28,7 @@ class CellJob:
     spec: LaunchSpec
     settings: EvalSettings
     queued_at: float  # driver's wall clock when the cell was submitted
+    stall_timeout_s: float = 300.0
 
 
 def _read_log(path: Path) -> str:
@@ -62,8 +63,15 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
             if problems:
                 outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, mismatches=problems)
             else:
-                settings = job.settings
-                score, records = await server.guard(evaluate(server.base_url, plan, settings))
+                last_progress = time.monotonic()
+
+                def on_progress(_: object) -> None:
+                    nonlocal last_progress
+                    last_progress = time.monotonic()
+
+                score, records = await server.guard(
+                    evaluate(server.base_url, plan, job.settings, on_progress=on_progress),
+                    progress=lambda: last_progress, stall_timeout_s=job.stall_timeout_s)
                 timings["eval_s"] = score.eval_s
                 outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, score=score,
                                       questions=records)

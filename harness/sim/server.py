@@ -168,6 +168,8 @@ def build_app(state: SimState) -> web.Application:
     async def health_generate(_: web.Request) -> web.Response:
         if any(f.never_ready for f in state.faults):
             return web.Response(status=503, text="not ready")
+        if any(f.hang_after_requests is not None and state.requests > f.hang_after_requests for f in state.faults):
+            await asyncio.Event().wait()  # a hung scheduler cannot generate the health token either
         return web.Response(text="")
 
     @routes.get("/get_server_info")
