@@ -33,7 +33,7 @@ SelectOpt = Annotated[str | None, typer.Option(
 
 
 def _fail(error: ConfigError) -> None:
-    err_console.print(f"[bold red]error[/]: {error}", highlight=False)
+    err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -217,7 +217,7 @@ def submit(
     except ConfigError as error:
         _fail(error)
     except InfraError as error:
-        err_console.print(f"[bold red]error[/]: {error}", highlight=False)
+        err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(3) from None
     raise typer.Exit(code)
 

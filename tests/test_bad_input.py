@@ -1,0 +1,98 @@
+"""Bad input at the command line: exit 2, a message that says what and where, nothing launched."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+DEMO = (ROOT / "configs" / "demo.yaml").read_text()
+
+
+def regress(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert "Token authentication" not in result.stderr  # Ray never started
+
+
+def suite_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_tp_that_no_node_can_hold(tmp_path):
+    text = DEMO.replace("tp: 2", "tp: 16")
+    result = regress("run", suite_file(tmp_path, text), "--results-dir", str(tmp_path / "r"), "--no-tracking")
+    assert result.returncode == 2 and "16 GPUs" in result.stderr and "largest node has 8" in result.stderr
+    assert not list((tmp_path / "r").glob("*/cells.jsonl"))
+
+
+def test_missing_dataset_folder(tmp_path):
+    refused(regress("run", "configs/demo.yaml", "--gsm8k-path", str(tmp_path / "nope"), "--results-dir",
+                    str(tmp_path / "r")), "does not exist", "test.jsonl")
+
+
+def test_dataset_lines_without_expected_fields(tmp_path):
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    (folder / "test.jsonl").write_text(json.dumps({"q": "x", "a": "y"}) + "\n")
+    (folder / "train.jsonl").write_text(json.dumps({"question": "x", "answer": "#### 1"}) + "\n")
+    refused(regress("run", "configs/demo.yaml", "--gsm8k-path", str(folder), "--results-dir", str(tmp_path / "r")),
+            "test.jsonl:1", "'question' and 'answer'")
+
+
+def test_unreadable_dataset_line(tmp_path):
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    (folder / "test.jsonl").write_text("{not json\n")
+    (folder / "train.jsonl").write_text("")
+    refused(regress("run", "configs/demo.yaml", "--gsm8k-path", str(folder)), "test.jsonl:1", "not valid JSON")
+
+
+def test_resume_id_that_does_not_exist(tmp_path):
+    refused(regress("run", "configs/demo.yaml", "--resume", "demo-19990101-000000-dead", "--results-dir",
+                    str(tmp_path)), "--resume demo-19990101-000000-dead", "no run.json")
+
+
+def test_selection_that_leaves_no_cell(tmp_path):
+    refused(regress("run", "configs/demo.yaml", "--select", "model=nobody", "--results-dir", str(tmp_path)),
+            "selects no cell")
+
+
+def test_rules_that_leave_no_cell(tmp_path):
+    text = DEMO + "include:\n  - {model: kimi-linear, attention_backend: fa3}\nexclude:\n  - {model: kimi-linear}\n"
+    refused(regress("plan", suite_file(tmp_path, text)), "leave no cell to run")
+
+
+def test_a_reference_cell_removed_by_the_exclusions(tmp_path):
+    text = DEMO + "exclude:\n  - {model: kimi-linear, attention_backend: triton, reason: broken}\n"
+    refused(regress("plan", suite_file(tmp_path, text)), "reference cell kimi-linear.ab-triton.um-off.rc-on",
+            "is excluded (broken)")
+
+
+def test_unknown_model_in_the_simulator_world(tmp_path):
+    text = DEMO.replace("deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-ai/DeepSeek-V9")
+    refused(regress("run", suite_file(tmp_path, text), "--results-dir", str(tmp_path / "r")),
+            "DeepSeek-V9", "not in the simulator's world")
+
+
+def test_non_positive_question_count_on_the_command_line(tmp_path):
+    refused(regress("run", "configs/demo.yaml", "--num-questions", "0"), "--num-questions")
+
+
+def test_plan_json_lists_cells_and_skips():
+    result = regress("plan", "configs/nightly.yaml", "--json")
+    data = json.loads(result.stdout)
+    assert result.returncode == 0 and len(data["cells"]) == 76 and data["skipped"]

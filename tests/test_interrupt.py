@@ -1,0 +1,100 @@
+"""Interrupting a run keeps what finished, stops every server, and `--resume` runs only the rest.
+Tracking that is unreachable never costs results. Secrets given by environment never leak."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from harness.cli import app
+from tests.helpers import INCIDENT_WORLD, ROOT
+from tests.test_faults import processes_mentioning
+
+REGRESS = str(Path(sys.executable).parent / "regress")
+
+
+def slow_suite(tmp_path: Path, gpus: int = 2) -> tuple[Path, Path]:
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["latency"] = {"slots": 4, "base_s": 0.05, "startup_s": 0.2}
+    world_path = tmp_path / "slow-world.yaml"
+    world_path.write_text(yaml.safe_dump(world))
+    suite = {"suite": "slow", "engine": "sim", "sim_world": str(world_path), "num_questions": 40, "concurrency": 4,
+             "stop_grace_s": 1, "cluster": {"gpus": gpus},
+             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
+             "axes": {"attention_backend": ["triton", "fa3", "flashinfer", "flashmla"], "radix_cache": ["off", "on"]},
+             "gate": {"min_effect": 0.3}}
+    suite_path = tmp_path / "slow.yaml"
+    suite_path.write_text(yaml.safe_dump(suite))
+    return suite_path, world_path
+
+
+@pytest.mark.slow
+def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
+    suite_path, world_path = slow_suite(tmp_path)
+    results = tmp_path / "results"
+    process = subprocess.Popen([REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    cells_file = None
+    while time.monotonic() < deadline:
+        found = list(results.glob("slow-*/cells.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 2:
+            cells_file = found[0]
+            break
+        time.sleep(0.2)
+    assert cells_file is not None, "no cell finished in time"
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    assert process.returncode == 130
+    finished = cells_file.read_text().splitlines()
+    assert 2 <= len(finished) < 8
+    run_info = json.loads((cells_file.parent / "run.json").read_text())
+    assert run_info["interrupted"] is True
+    time.sleep(1)
+    assert processes_mentioning(str(world_path)) == []
+    resumed = subprocess.run([REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet", "--resume",
+                              run_info["run_id"]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = cells_file.read_text().splitlines()
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert lines[:len(finished)] == finished and len(lines) == 8
+    assert len({json.loads(line)["cell_id"] for line in lines}) == 8
+    assert json.loads((cells_file.parent / "run.json").read_text())["interrupted"] is False
+
+
+def test_unreachable_tracking_server_costs_no_results(ray_local, tmp_path):
+    suite_path, _ = slow_suite(tmp_path)
+    result = CliRunner().invoke(app, ["run", str(suite_path), "--results-dir", str(tmp_path / "results"),
+                                      "--tracking-uri", "http://127.0.0.1:9", "--num-questions", "10",
+                                      "--select", "attention_backend=triton"], catch_exceptions=False)
+    run_dir = next((tmp_path / "results").glob("slow-*"))
+    assert len((run_dir / "cells.jsonl").read_text().splitlines()) == 2
+    run_info = json.loads((run_dir / "run.json").read_text())
+    assert run_info["tracking_error"] and "MLflow" in run_info["tracking_error"] + result.output
+    assert result.exit_code == 0
+
+
+def test_secrets_from_the_environment_never_reach_outputs(ray_local, tmp_path, monkeypatch):
+    secret = "hf_SECRET_do_not_leak_4242"
+    suite_path, _ = slow_suite(tmp_path)
+    suite = yaml.safe_load(suite_path.read_text())
+    suite["models"][0]["env"] = {"HF_TOKEN": secret}
+    suite["cluster"]["runtime_env"] = {"env_vars": {"MLFLOW_TRACKING_TOKEN": secret}}
+    suite_path.write_text(yaml.safe_dump(suite))
+    monkeypatch.setenv("HF_TOKEN", secret)
+    result = CliRunner().invoke(app, ["run", str(suite_path), "--results-dir", str(tmp_path / "results"),
+                                      "--num-questions", "10", "--select", "attention_backend=triton"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and secret not in result.output
+    # The suite file itself holds it; everything the run wrote must not.
+    for path in (tmp_path / "results").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
