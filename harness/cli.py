@@ -189,6 +189,64 @@ def eval_server(
     raise typer.Exit(code)
 
 
+@app.command()
+def compare(
+    before: Annotated[str, typer.Argument(help="Run id, results folder, latest:SUITE or previous:SUITE.")],
+    after: Annotated[str, typer.Argument(help="The same kinds; usually the newer run.")],
+    results_dir: Annotated[Path, typer.Option(help="Where run ids are looked up.")] = Path("results"),
+    markdown: Annotated[Path | None, typer.Option(help="Also write the table as markdown here.")] = None,
+    allow_different_protocol: Annotated[bool, typer.Option(help="Compare runs whose protocols differ.")] = False,
+) -> None:
+    """Compare two runs cell by cell: accuracy in both, the paired difference on shared questions with
+    its p-value, and what changed (newly failing, fixed, still failing). Exits 1 if a cell newly fails.
+
+    Example: `regress compare previous:nightly latest:nightly --markdown diff.md`
+    """
+    from rich.markdown import Markdown
+
+    from harness.compare import changes_markdown, compare_runs, load_run, resolve_run
+
+    try:
+        old = load_run(resolve_run(results_dir, before))
+        new = load_run(resolve_run(results_dir, after))
+        changes = compare_runs(old, new, allow_different_protocol)
+    except ConfigError as error:
+        _fail(error)
+    text = changes_markdown(old, new, changes)
+    console.print(Markdown(text))
+    if markdown is not None:
+        markdown.write_text(text)
+    raise typer.Exit(1 if any(c.change == "newly failing" for c in changes) else 0)
+
+
+@app.command()
+def sync(
+    run_id: Annotated[str, typer.Argument(help="The run to upload (a run id or results folder).")],
+    results_dir: Annotated[Path, typer.Option(help="Where run ids are looked up.")] = Path("results"),
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default as for run).")] = None,
+) -> None:
+    """Upload a finished run's results/ folder to MLflow, e.g. after the tracking server was down.
+    Syncing twice creates no duplicates.
+
+    Example: `regress sync demo-20261129-220317-03ad --tracking-uri http://mlflow:5000`
+    """
+    from harness.compare import resolve_run
+    from harness.errors import TrackingError
+    from harness.sync import sync_run
+    from harness.tracking import default_tracking_uri
+
+    try:
+        store = resolve_run(results_dir, run_id)
+        info, logged = sync_run(store, tracking_uri or default_tracking_uri(store.root))
+    except ConfigError as error:
+        _fail(error)
+    except TrackingError as error:
+        err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
+    console.print(f"synced {info.run_id}: {logged} cell run(s) logged now; parent run {info.mlflow_run_id} "
+                  f"in {info.tracking_uri}")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def submit(
     ctx: typer.Context,

@@ -63,6 +63,9 @@ class ResultsStore:
         existing = target.read_text() if target.exists() else ""
         atomic_write(target, existing + result.model_dump_json() + "\n")
 
+    def rewrite_cells(self, results: list[CellResult]) -> None:
+        atomic_write(self.path / "cells.jsonl", "".join(r.model_dump_json() + "\n" for r in results))
+
     def cells(self) -> list[CellResult]:
         target = self.path / "cells.jsonl"
         if not target.exists():

@@ -34,6 +34,7 @@ class Tracker:
         self.parent_run_id: str | None = None
         self._experiment_id: str | None = None
         self._client: Any = None
+        self._children: dict[str, str] = {}  # cell id -> child run id already in the store
 
     def _call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
         if self.error is not None:
@@ -53,8 +54,32 @@ class Tracker:
         found = self._client.get_experiment_by_name(experiment)
         self._experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
 
+    def _existing_parent(self, run_id: str) -> Any:
+        found = self._client.search_runs([self._experiment_id], filter_string=f"tags.results_run_id = '{run_id}'",
+                                         max_results=1)
+        return found[0] if found else None
+
+    def _existing_children(self) -> dict[str, str]:
+        children = {}
+        page_token = None
+        while True:
+            page = self._client.search_runs([self._experiment_id], max_results=1000, page_token=page_token,
+                                            filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
+            for run in page:
+                if "cell_id" in run.data.tags and run.info.status in ("FINISHED", "FAILED"):
+                    children[run.data.tags["cell_id"]] = run.info.run_id
+            page_token = page.token
+            if not page_token:
+                return children
+
     def start(self, info: RunInfo, params: dict[str, Any]) -> str | None:
+        """The parent run of `info.run_id`: found again if it exists (a resume or a sync), else created."""
         self._call("connecting to MLflow", self._connect, info.suite)
+        existing = self._call("looking up the parent run", lambda: self._existing_parent(info.run_id))
+        if existing is not None:
+            self.parent_run_id = existing.info.run_id
+            self._children = self._call("looking up cell runs", self._existing_children) or {}
+            return self.parent_run_id
         run = self._call("creating the parent run", lambda: self._client.create_run(
             self._experiment_id, run_name=info.run_id, tags={
                 "trigger": info.trigger, "suite": info.suite, "suite_sha256": info.config_sha256,
@@ -81,9 +106,12 @@ class Tracker:
 
     def log_cell(self, result: CellResult, questions: list[QuestionRecord], server_info: dict[str, Any],
                  log_text: str) -> str | None:
-        """One child run: params, metrics, tags, the per-question table, the server log and info."""
+        """One child run: params, metrics, tags, the per-question table, the server log and info.
+        A cell already logged under this parent is not logged twice."""
         if self.parent_run_id is None or self.error is not None:
             return None
+        if result.cell_id in self._children:
+            return self._children[result.cell_id]
         run = self._call("creating a cell run", lambda: self._client.create_run(
             self._experiment_id, run_name=result.cell_id, tags={"mlflow.parentRunId": self.parent_run_id}))
         if run is None:
@@ -113,7 +141,10 @@ class Tracker:
             self._call("logging the server log", self._client.log_text, run_id, log_text, "server.log")
         status = "FAILED" if result.status.is_regression else "FINISHED"
         self._call("closing a cell run", self._client.set_terminated, run_id, status)
-        return run_id if self.error is None else None
+        if self.error is not None:
+            return None
+        self._children[result.cell_id] = run_id
+        return run_id
 
     def finish(self, info: RunInfo, artifacts: dict[str, str]) -> None:
         if self.parent_run_id is None:

@@ -1,0 +1,69 @@
+"""`regress compare` between two nights, and `regress sync` after the tracking server was down."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from harness.cli import app
+from tests.helpers import INCIDENT_WORLD
+from tests.test_run_end_to_end import children_of, mlflow_runs
+
+SELECT = "model=kimi-linear,radix_cache=on,attention_backend=fa3|triton"
+
+
+def night(tmp_path, with_bug: bool, *extra: str):
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    if not with_bug:
+        world["bugs"] = []
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    suite = yaml.safe_load(open("configs/demo.yaml"))
+    suite["sim_world"] = str(tmp_path / "world.yaml")
+    (tmp_path / "demo.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    return CliRunner().invoke(app, ["run", str(tmp_path / "demo.yaml"), "--results-dir", str(tmp_path / "results"),
+                                    "--num-questions", "60", "--select", SELECT, "--quiet", *extra],
+                              catch_exceptions=False)
+
+
+def test_compare_names_the_newly_failing_cell(ray_local, tmp_path):
+    assert night(tmp_path, False, "--no-tracking").exit_code == 0
+    assert night(tmp_path, True, "--no-tracking").exit_code == 1
+    markdown = tmp_path / "diff.md"
+    result = CliRunner().invoke(app, ["compare", "previous:demo", "latest:demo", "--results-dir",
+                                      str(tmp_path / "results"), "--markdown", str(markdown)])
+    assert result.exit_code == 1
+    rows = {line.split("|")[2].strip(" `"): line for line in markdown.read_text().splitlines()
+            if line.startswith("| ") and "`" in line}
+    assert "newly failing" in rows["kimi-linear.ab-fa3.um-on.rc-on"]
+    assert "pass → fail" in rows["kimi-linear.ab-fa3.um-on.rc-on"]
+    assert "still passing" in rows["kimi-linear.ab-triton.um-on.rc-on"]
+    assert "+0.000" in rows["kimi-linear.ab-fa3.um-off.rc-on"]  # same world, same answers: no difference
+
+
+def test_compare_refuses_different_protocols(ray_local, tmp_path):
+    night(tmp_path, False, "--no-tracking")
+    CliRunner().invoke(app, ["run", str(tmp_path / "demo.yaml"), "--results-dir", str(tmp_path / "results"),
+                             "--num-questions", "30", "--select", SELECT, "--quiet", "--no-tracking"])
+    result = CliRunner().invoke(app, ["compare", "previous:demo", "latest:demo", "--results-dir",
+                                      str(tmp_path / "results")])
+    assert result.exit_code == 2 and "different protocols" in result.output
+
+
+def test_sync_uploads_a_run_made_while_tracking_was_down_and_twice_is_once(ray_local, tmp_path):
+    result = night(tmp_path, True, "--tracking-uri", "http://127.0.0.1:9")
+    assert result.exit_code == 1
+    run_dir = next((tmp_path / "results").glob("demo-*"))
+    assert json.loads((run_dir / "run.json").read_text())["tracking_error"]
+    store_uri = f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}"
+    for _ in range(2):
+        synced = CliRunner().invoke(app, ["sync", run_dir.name, "--results-dir", str(tmp_path / "results"),
+                                          "--tracking-uri", store_uri], catch_exceptions=False)
+        assert synced.exit_code == 0, synced.output
+    assert "0 cell run(s) logged now" in synced.output
+    runs = mlflow_runs(tmp_path / "results", "demo")
+    assert len(runs) == 1 + 4 and len(children_of(runs)) == 4
+    cells = [json.loads(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()]
+    assert all(c["mlflow_run_id"] for c in cells)
+    assert json.loads((run_dir / "run.json").read_text())["tracking_error"] is None
