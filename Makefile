@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED_GSM8K := $(abspath ../shared/data/gsm8k)
 export REGRESS_GSM8K_PATH ?= $(if $(wildcard $(SHARED_GSM8K)/test.jsonl),$(SHARED_GSM8K),)
 
-.PHONY: venv demo test test-fast lint clean
+.PHONY: venv browser demo test test-fast lint clean
 
 venv: $(VENV)/.installed
 
@@ -20,7 +20,11 @@ demo: venv
 	  echo "regress run exited $$code (1 = regressions found, as the incident demo expects)"; \
 	  test $$code -le 1
 
-test: venv
+# The dashboard's browser test needs Debian's chromium; install it when missing (CI runs as root).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+test: venv browser
 	$(PY) -m pytest -q
 
 test-fast: venv

@@ -220,6 +220,54 @@ def compare(
 
 
 @app.command()
+def dashboard(
+    suite: Annotated[str, typer.Argument(help="The suite's name (e.g. demo, nightly).")],
+    results_dir: Annotated[Path, typer.Option(help="Where the suite's runs are.")] = Path("results"),
+    output: Annotated[Path | None, typer.Option(help="The page to write (default dashboards/SUITE.html).")] = None,
+    history: Annotated[int, typer.Option(help="How many recent runs the history shows.")] = 14,
+    mlflow_ui: Annotated[str | None, typer.Option(help="MLflow UI base URL for links, e.g. http://127.0.0.1:5000")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="Also log the page on the latest parent run here.")] = None,
+    serve: Annotated[int | None, typer.Option(help="Serve the page on 127.0.0.1:PORT, rebuilt on each load.")] = None,
+) -> None:
+    """Build the comparison dashboard: the latest matrix as a heatmap, what changed since the previous
+    run, each cell's history, the failure attribution, and links into MLflow.
+
+    Example: `regress dashboard demo --mlflow-ui http://127.0.0.1:5000 --serve 8080`
+    """
+    from harness.dashboard import build_html, load_input
+
+    target = output or Path("dashboards") / f"{suite}.html"
+
+    def build() -> str:
+        page = build_html(load_input(results_dir, suite, history, mlflow_ui))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(page)
+        return page
+
+    try:
+        build()
+    except ConfigError as error:
+        _fail(error)
+    console.print(f"dashboard: {target}")
+    if tracking_uri:
+        from harness.compare import runs_of
+        from harness.tracking import Tracker
+
+        latest = runs_of(results_dir, suite)[-1]
+        if latest.mlflow_run_id:
+            tracker = Tracker(tracking_uri)
+            tracker.start(latest, {})
+            tracker.log_artifact_text(latest.mlflow_run_id, target.read_text(), "dashboard.html")
+            console.print(f"logged as dashboard.html on MLflow run {latest.mlflow_run_id}"
+                          + (f" (failed: {tracker.error})" if tracker.error else ""))
+    if serve:
+        from harness.serve import serve_page
+
+        console.print(f"serving on http://127.0.0.1:{serve}/ (Ctrl-C to stop)")
+        serve_page(build, serve)
+
+
+@app.command()
 def sync(
     run_id: Annotated[str, typer.Argument(help="The run to upload (a run id or results folder).")],
     results_dir: Annotated[Path, typer.Option(help="Where run ids are looked up.")] = Path("results"),

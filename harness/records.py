@@ -171,6 +171,7 @@ class RunInfo(Record):
     counts: dict[str, int] = {}
     exit_code: int | None = None
     mlflow_run_id: str | None = None
+    mlflow_experiment_id: str | None = None
     tracking_uri: str | None = None
     tracking_error: str | None = None
     attribution: str | None = None

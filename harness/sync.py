@@ -21,7 +21,7 @@ def sync_run(store: ResultsStore, tracking_uri: str) -> tuple[RunInfo, int]:
     parent = tracker.start(info, params)
     if parent is None:
         raise TrackingError(f"cannot sync {info.run_id} to {tracking_uri}: {tracker.error}")
-    already = set(tracker._children)
+    already = tracker.logged_cells()
     updated = []
     for result in results:
         log_path = store.path / "logs" / f"{result.cell_id}.log"
@@ -30,7 +30,8 @@ def sync_run(store: ResultsStore, tracking_uri: str) -> tuple[RunInfo, int]:
         if tracker.error:
             raise TrackingError(f"sync of {info.run_id} stopped: {tracker.error}; run it again to continue")
         updated.append(result.model_copy(update={"mlflow_run_id": run_id}))
-    info = info.model_copy(update={"mlflow_run_id": parent, "tracking_uri": tracking_uri, "tracking_error": None})
+    info = info.model_copy(update={"mlflow_run_id": parent, "mlflow_experiment_id": tracker.experiment_id,
+                                   "tracking_uri": tracking_uri, "tracking_error": None})
     tracker.finish(info, {"summary.md": (store.path / "summary.md").read_text()} if (store.path / "summary.md").exists() else {})
     if tracker.error:
         raise TrackingError(f"sync of {info.run_id} stopped: {tracker.error}; run it again to continue")

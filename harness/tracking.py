@@ -36,6 +36,17 @@ class Tracker:
         self._client: Any = None
         self._children: dict[str, str] = {}  # cell id -> child run id already in the store
 
+    def logged_cells(self) -> set[str]:
+        """Cell ids already logged under the parent run (found again on a resume or sync)."""
+        return set(self._children)
+
+    @property
+    def experiment_id(self) -> str | None:
+        return self._experiment_id
+
+    def log_artifact_text(self, run_id: str, text: str, name: str) -> None:
+        self._call(f"logging {name}", self._client.log_text, run_id, text, name)
+
     def _call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
         if self.error is not None:
             return None

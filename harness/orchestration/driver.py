@@ -203,6 +203,7 @@ class Driver:
                       "num_questions": len(self.plan.prompts), "seed": self.suite.seed,
                       "cells": len(self.matrix.cells), "results_dir": str(store.path)}
             info = info.model_copy(update={"mlflow_run_id": tracker.start(info, params),
+                                           "mlflow_experiment_id": tracker.experiment_id,
                                            "tracking_uri": self.options.tracking_uri})
             store.write_run(info)
         todo = [c for c in self.matrix.cells if c.cell_id not in self.results]

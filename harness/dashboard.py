@@ -1,0 +1,159 @@
+"""The comparison dashboard: one self-contained HTML page per suite, answering what people ask every
+morning: what is red (the latest matrix as a heatmap), since when (each cell's accuracy over the last
+runs), what changed (latest versus previous, paired on shared questions), and what the red cells
+share (the failure attribution), with links into the MLflow UI.
+
+It reads `results/` (always there, also when the tracking store is not reachable); runs carry their
+MLflow ids, so every cell links to its run in the UI.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.compare import LoadedRun, compare_runs, load_run, runs_of
+from harness.errors import ConfigError
+from harness.records import CellResult, Status
+from harness.store import ResultsStore
+
+STATUS_CODE = {Status.PASS: 0, Status.INCONCLUSIVE: 1, Status.ERROR: 2, Status.MISMATCH: 3, Status.FAIL: 4,
+               Status.SKIPPED: -1}
+COLOURS = [[0.0, "#d9d9d9"], [0.166, "#d9d9d9"], [0.167, "#2ca02c"], [0.333, "#2ca02c"], [0.334, "#17becf"],
+           [0.5, "#17becf"], [0.501, "#ffbf00"], [0.666, "#ffbf00"], [0.667, "#9467bd"], [0.833, "#9467bd"],
+           [0.834, "#d62728"], [1.0, "#d62728"]]
+
+
+@dataclass(frozen=True)
+class DashboardInput:
+    suite: str
+    runs: list[LoadedRun]  # oldest first; the last is the latest
+    mlflow_ui: str | None = None
+
+
+def load_input(results_dir: Path, suite: str, history: int = 14, mlflow_ui: str | None = None) -> DashboardInput:
+    infos = runs_of(results_dir, suite)[-history:]
+    if not infos:
+        raise ConfigError(f"no finished run of suite {suite!r} in {results_dir}; run `regress run` first")
+    return DashboardInput(suite, [load_run(ResultsStore(results_dir, i.run_id)) for i in infos], mlflow_ui)
+
+
+def _run_link(data: DashboardInput, run: LoadedRun, run_id: str | None, label: str) -> str:
+    if not data.mlflow_ui or not run_id or not run.info.mlflow_experiment_id:
+        return html.escape(label)
+    url = f"{data.mlflow_ui.rstrip('/')}/#/experiments/{run.info.mlflow_experiment_id}/runs/{run_id}"
+    return f'<a href="{html.escape(url)}">{html.escape(label)}</a>'
+
+
+def heatmap_figure(run: LoadedRun):
+    """Rows: model and the first half of the axes; columns: the other axes; colour: verdict."""
+    import plotly.graph_objects as go
+
+    cells = [c for c in run.cells.values()]
+    axes = list(cells[0].factors) if cells else []
+    split = (len(axes) + 1) // 2
+    row_axes, column_axes = axes[:split], axes[split:]
+
+    def label(cell: CellResult, names: list[str], with_model: bool) -> str:
+        parts = ([cell.model] if with_model else []) + [f"{n}={cell.factors[n]}" for n in names]
+        return " · ".join(parts) or "-"
+
+    rows = sorted({label(c, row_axes, True) for c in cells})
+    columns = sorted({label(c, column_axes, False) for c in cells})
+    z = [[None] * len(columns) for _ in rows]
+    text = [[""] * len(columns) for _ in rows]
+    hover = [[""] * len(columns) for _ in rows]
+    for cell in cells:
+        i, j = rows.index(label(cell, row_axes, True)), columns.index(label(cell, column_axes, False))
+        z[i][j] = STATUS_CODE[cell.status]
+        text[i][j] = "-" if cell.accuracy is None else f"{cell.accuracy:.2f}"
+        hover[i][j] = f"{cell.cell_id}<br>{cell.status.value}<br>{html.escape(cell.reason[:160])}"
+    figure = go.Figure(go.Heatmap(z=z, x=columns, y=rows, text=text, texttemplate="%{text}", customdata=hover,
+                                  hovertemplate="%{customdata}<extra></extra>", colorscale=COLOURS, zmin=-1, zmax=4,
+                                  showscale=False, xgap=2, ygap=2))
+    figure.update_layout(title=f"{run.info.run_id}: verdict by cell (number: accuracy)", height=120 + 40 * len(rows),
+                         margin={"l": 20, "r": 20, "t": 60, "b": 20}, yaxis={"autorange": "reversed"})
+    return figure
+
+
+def history_figure(data: DashboardInput):
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    latest = data.runs[-1]
+    for cell_id in sorted(latest.cells):
+        xs, ys = [], []
+        for run in data.runs:
+            cell = run.cells.get(cell_id)
+            if cell is not None and cell.accuracy is not None:
+                xs.append(run.info.started_at)
+                ys.append(cell.accuracy)
+        failing = latest.cells[cell_id].status.is_regression
+        figure.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=cell_id,
+                                    line={"width": 3 if failing else 1}, opacity=1.0 if failing else 0.5))
+    figure.update_layout(title=f"accuracy of each cell over the last {len(data.runs)} runs (bold: failing now)",
+                         height=420, yaxis={"range": [0, 1], "title": "accuracy"}, margin={"t": 60})
+    return figure
+
+
+def diff_table(data: DashboardInput) -> str:
+    if len(data.runs) < 2:
+        return "<p>Only one run so far: nothing to compare with.</p>"
+    before, after = data.runs[-2], data.runs[-1]
+    try:
+        changes = compare_runs(before, after)
+    except ConfigError as error:
+        return f"<p>{html.escape(str(error))}</p>"
+    order = {"newly failing": 0, "still failing": 1, "changed": 2, "fixed": 3, "new": 4, "removed": 5}
+    rows = []
+    for change in sorted(changes, key=lambda c: (order.get(c.change, 9), c.cell_id)):
+        def acc(result: CellResult | None) -> str:
+            return "-" if result is None or result.accuracy is None else f"{result.accuracy:.3f}"
+
+        diff = "-" if change.difference is None else f"{change.difference:+.3f} ({change.shared})"
+        p_value = "-" if change.p_value is None else f"{change.p_value:.2g}"
+        link = _run_link(data, after, change.after.mlflow_run_id if change.after else None, change.cell_id)
+        rows.append(f'<tr class="{change.change.replace(" ", "-")}"><td>{change.change}</td><td>{link}</td>'
+                    f"<td>{acc(change.before)}</td><td>{acc(change.after)}</td><td>{diff}</td><td>{p_value}</td></tr>")
+    return ('<table id="diff"><thead><tr><th>change</th><th>cell</th><th>before</th><th>after</th>'
+            "<th>difference (shared questions)</th><th>McNemar p</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
+h1 {{ margin-bottom: 4px; }} .meta {{ color: #666; margin-bottom: 16px; }}
+.attribution {{ background: #fff4f4; border-left: 4px solid #d62728; padding: 8px 12px; margin: 12px 0; }}
+table {{ border-collapse: collapse; font-size: 13px; }} td, th {{ border-bottom: 1px solid #ddd; padding: 4px 8px; }}
+tr.newly-failing td {{ background: #fde0e0; }} tr.fixed td {{ background: #e0f5e0; }}
+.legend span {{ display: inline-block; padding: 2px 8px; margin-right: 6px; color: white; border-radius: 3px; }}
+</style></head><body>
+<h1>{title}</h1>
+<div class="meta">latest run {latest} · {counts} · protocol {protocol}</div>
+<div class="legend"><span style="background:#2ca02c">pass</span><span style="background:#d62728">fail</span>
+<span style="background:#9467bd">mismatch</span><span style="background:#ffbf00">error</span>
+<span style="background:#17becf">inconclusive</span><span style="background:#999">skipped</span></div>
+{attribution}
+<h2>What is red</h2><div id="heatmap">{heatmap}</div>
+<h2>What changed since the previous run</h2>{diff}
+<h2>Since when</h2><div id="history">{history}</div>
+</body></html>
+"""
+
+
+def build_html(data: DashboardInput) -> str:
+    latest = data.runs[-1]
+    info = latest.info
+    counts = ", ".join(f"{n} {status}" for status, n in info.counts.items())
+    attribution = (f'<div class="attribution"><b>The failing cells share:</b> <code>{html.escape(info.attribution)}'
+                   "</code></div>") if info.attribution else ""
+    return PAGE.format(
+        title=html.escape(f"{data.suite}: accuracy regression matrix"),
+        latest=_run_link(data, latest, info.mlflow_run_id, info.run_id), counts=html.escape(counts),
+        protocol=html.escape(f"{info.protocol} {info.protocol_fingerprint}"), attribution=attribution,
+        heatmap=heatmap_figure(latest).to_html(full_html=False, include_plotlyjs=True, div_id="heatmap-plot"),
+        diff=diff_table(data),
+        history=history_figure(data).to_html(full_html=False, include_plotlyjs=False, div_id="history-plot"))
