@@ -45,6 +45,18 @@ def _load(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
     return loaded, matrix
 
 
+def keep_listed(matrix: Matrix, path: Path) -> Matrix:
+    """The cells whose ids `path` lists (one per line), with their reference cells."""
+    try:
+        wanted = {line.strip() for line in path.read_text().splitlines() if line.strip()}
+    except OSError as error:
+        raise ConfigError(f"--cells {path}: {error.strerror}") from None
+    unknown = wanted - {c.cell_id for c in matrix.cells}
+    if unknown:
+        raise ConfigError(f"--cells {path}: not cells of this suite: {', '.join(sorted(unknown)[:5])}")
+    return select(matrix, None if not wanted else "|".join(sorted(wanted)), ids=wanted)
+
+
 @app.command()
 def plan(suite: SuiteArg, selection: SelectOpt = None,
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
@@ -100,6 +112,9 @@ def run(
              "then the Hugging Face hub).")] = None,
     resume: Annotated[str | None, typer.Option(help="Finish an interrupted run: only cells without a result run.")] = None,
     selection: SelectOpt = None,
+    cells_file: Annotated[Path | None, typer.Option(
+        "--cells", help="Only the cell ids listed in this file (from `regress select --write`).")] = None,
+    retry_errors: Annotated[bool, typer.Option(help="With --resume: run `error` cells again too.")] = False,
     trigger: Annotated[str, typer.Option(help="Recorded as the run's trigger: manual, nightly, pr.")] = "manual",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or table; exit code only.")] = False,
 ) -> None:
@@ -117,6 +132,8 @@ def run(
         if num_questions is not None and num_questions < 1:
             raise ConfigError(f"--num-questions: must be at least 1 (got {num_questions})")
         loaded, matrix = _load(suite, selection)
+        if cells_file is not None:
+            matrix = keep_listed(matrix, cells_file)
         updates = {} if num_questions is None else {"num_questions": num_questions}
         loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
         spec = loaded.suite
@@ -129,6 +146,7 @@ def run(
         data = load_gsm8k(data_path)
         protocol_plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
         options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
+                             retry_errors=retry_errors,
                              tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir),
                              ray_address=ray_address)
         if resume:
@@ -137,6 +155,8 @@ def run(
             ResultsStore.existing(results_dir, resume)
         with ray_cluster(loaded, ray_address):
             matrix = expand_auto(loaded, selection, data.source) or matrix
+            if cells_file is not None:
+                matrix = keep_listed(matrix, cells_file)
             check_fits(matrix)
             _, _, code = Driver(loaded, matrix, data, protocol_plan, options, console).run()
     except ConfigError as error:
@@ -217,6 +237,71 @@ def compare(
     if markdown is not None:
         markdown.write_text(text)
     raise typer.Exit(1 if any(c.change == "newly failing" for c in changes) else 0)
+
+
+@app.command("select")
+def select_for_change(
+    suite: SuiteArg,
+    changed_files: Annotated[Path | None, typer.Option(help="A file listing changed paths, one per line.")] = None,
+    git_diff: Annotated[str | None, typer.Option(help="BASE..HEAD, read with git in --repo (an sglang checkout).")] = None,
+    repo: Annotated[Path, typer.Option(help="The sglang checkout for --git-diff.")] = Path("."),
+    rules: Annotated[Path, typer.Option(help="Path-to-factor rules.")] = Path("configs/selection.yaml"),
+    write: Annotated[Path | None, typer.Option(help="Write the selected cell ids here (for `run --cells`).")] = None,
+) -> None:
+    """Which cells of a suite a PR must run, from the files it changes, and why.
+
+    Example: `regress select configs/pr.yaml --git-diff origin/main..HEAD --repo ../sglang --write cells.txt`
+    """
+    from harness.selection import changed_files_from_git, load_selection, select_cells
+
+    try:
+        loaded, matrix = _load(suite, None)
+        if (changed_files is None) == (git_diff is None):
+            raise ConfigError("give exactly one of --changed-files FILE or --git-diff BASE..HEAD")
+        if changed_files is not None:
+            try:
+                files = [line.strip() for line in changed_files.read_text().splitlines() if line.strip()]
+            except OSError as error:
+                raise ConfigError(f"--changed-files {changed_files}: {error.strerror}") from None
+        else:
+            files = changed_files_from_git(repo, git_diff or "")
+        selected = select_cells(matrix, load_selection(rules), files)
+    except ConfigError as error:
+        _fail(error)
+    scope = "the full matrix (shared machinery changed)" if selected.full else f"{len(selected.cells)} cells"
+    console.print(f"{len(files)} changed file(s) select {scope} of {len(matrix.cells)}:")
+    for cell_id, why in selected.cells.items():
+        console.print(f"  {cell_id}  [dim]{'; '.join(dict.fromkeys(why))}[/]", highlight=False)
+    if write is not None:
+        write.write_text("".join(f"{cell_id}\n" for cell_id in selected.cells))
+
+
+@app.command()
+def bisect(
+    suite: Annotated[Path, typer.Option(help="The suite the cell belongs to.")],
+    cell: Annotated[str, typer.Option(help="The cell id to bisect (see `regress plan`).")],
+    good: Annotated[str, typer.Option(help="A commit where the cell passes.")],
+    bad: Annotated[str, typer.Option(help="A later commit where it fails.")],
+    repo: Annotated[Path | None, typer.Option(help="sglang checkout for the commit list (sglang engine).")] = None,
+    build: Annotated[str, typer.Option(help="pip requirement of one commit's build; {commit} is replaced.")] =
+        "sglang[all] @ git+https://github.com/sgl-project/sglang@{commit}#subdirectory=python",
+    num_questions: Annotated[int | None, typer.Option(help="Questions per probe (default: the suite's).")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Where each probe's run is written.")] = Path("results"),
+) -> None:
+    """Find the first bad commit for one cell by binary search; each probe runs the cell on that
+    commit's build and is judged by the paired test against the good commit.
+
+    Example: `regress bisect --suite configs/nightly.yaml --cell kimi-linear.ab-fa3.um-on.rc-on.cp-default.wrapper-none
+    --good v0.5.5 --bad main --repo ../sglang`
+    """
+    from harness.bisect_run import run_bisect
+
+    try:
+        result = run_bisect(suite, cell, good, bad, repo, build, num_questions, results_dir, console)
+    except ConfigError as error:
+        _fail(error)
+    console.print(f"first bad commit: [bold]{result.first_bad}[/] (last good {result.last_good}; "
+                  f"{len(result.probes)} probes)")
 
 
 @app.command()

@@ -208,7 +208,7 @@ def _pair_references(suite: Suite, cells: list[Cell], skipped: list[SkippedCell]
     return sorted(paired, key=lambda c: not c.is_reference)
 
 
-def select(matrix: Matrix, expression: str | None) -> Matrix:
+def select(matrix: Matrix, expression: str | None, ids: set[str] | None = None) -> Matrix:
     """Keep the cells an expression selects; reference cells of selected cells are kept too.
 
     The expression is a conjunction `key=value[|value],...` over `model` and axes, or a glob on
@@ -217,7 +217,9 @@ def select(matrix: Matrix, expression: str | None) -> Matrix:
     if not expression:
         return matrix
     chosen: set[str] = set()
-    if "=" in expression:
+    if ids is not None:
+        chosen = {cell.cell_id for cell in matrix.cells if cell.cell_id in ids}
+    elif "=" in expression:
         conditions: dict[str, set[str]] = {}
         for part in expression.split(","):
             key, _, values = part.partition("=")

@@ -4,7 +4,6 @@ Tracking that is unreachable never costs results. Secrets given by environment n
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -52,6 +52,7 @@ class RunOptions:
     ray_address: str | None = None
     trigger: str = "manual"
     resume: str | None = None
+    retry_errors: bool = False
     quiet: bool = False
     extra_tags: dict[str, str] = field(default_factory=dict)
 
@@ -168,6 +169,9 @@ class Driver:
             store = ResultsStore.existing(self.options.results_dir, self.options.resume)
             info = store.read_run()
             for result in store.cells():
+                if self.options.retry_errors and result.status is Status.ERROR:
+                    self.results.pop(result.cell_id, None)  # a later line for the cell replaces this one
+                    continue
                 self.results[result.cell_id] = result
                 records = store.read_questions(result.cell_id)
                 if records and result.status in (Status.PASS, Status.FAIL, Status.INCONCLUSIVE):
@@ -235,6 +239,9 @@ class Driver:
 
     def _submit(self, cell: Cell, plan_ref: Any, attempt: int) -> _Live:
         options: dict[str, Any] = {"num_gpus": cell.gpus}
+        if self.suite.cluster.runtime_env:
+            # Per actor as well as per job, so a connected cluster and a bisect probe get this build.
+            options["runtime_env"] = self.suite.cluster.runtime_env
         if cell.model.gpu_type:
             options["accelerator_type"] = cell.model.gpu_type
         actor = CellWorker.options(**options).remote()

@@ -117,7 +117,7 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
         state.prefixes.add(key)
     empty = any(unit_hash(state.world.seed, "empty", question) < f.empty_output_rate for f in state.faults)
     decision = Decision("empty") if empty else state.world.decide(state.model_path, question, state.resolved,
-                                                                    prefix_hit)
+                                                                    prefix_hit, os.environ.get("REGRESS_SIM_COMMIT"))
     text, reason = compose(state, decision, question, max_tokens, chat)
     text, stopped = apply_stop(text, stop)
     reason = "stop" if stopped else reason

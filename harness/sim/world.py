@@ -60,6 +60,9 @@ class Bug(Condition):
     corrupt_probability: tuple[float, float] = (0.7, 0.95)
     # Corrupt an answer by a wrong number, or by the whole effect a broken kernel has: junk to max tokens.
     style: Literal["wrong", "garbage", "mixed", "empty"] = "mixed"
+    # With a commit history in the world: the bug exists from this commit on (REGRESS_SIM_COMMIT
+    # names the build a server runs), so bisection can be tested.
+    since_commit: str | None = None
 
 
 class Fault(Condition):
@@ -104,6 +107,14 @@ class World(_Strict):
     faults: list[Fault] = []
     latency: Latency = Latency()
     attention_backends: list[str] | None = None  # what `--attention-backend` accepts; None: sglang's list
+    history: list[str] = []  # commits, oldest first, for `since_commit`
+
+    def bug_active(self, bug: Bug, commit: str | None) -> bool:
+        if bug.since_commit is None:
+            return True
+        if commit is None or commit not in self.history or bug.since_commit not in self.history:
+            return False
+        return self.history.index(commit) >= self.history.index(bug.since_commit)
 
     def model(self, path: str) -> SimModel:
         try:
@@ -115,7 +126,8 @@ class World(_Strict):
     def faults_for(self, model_path: str, resolved: dict[str, Any]) -> list[Fault]:
         return [fault for fault in self.faults if fault.matches(model_path, resolved)]
 
-    def decide(self, model_path: str, question: str, resolved: dict[str, Any], prefix_hit: bool) -> Decision:
+    def decide(self, model_path: str, question: str, resolved: dict[str, Any], prefix_hit: bool,
+               commit: str | None = None) -> Decision:
         """Right, wrong, or corrupted, for this question on this configuration."""
         model = self.model(model_path)
         signature = configuration_signature(resolved)
@@ -124,6 +136,8 @@ class World(_Strict):
             correct = unit_hash(self.seed, model_path, question, signature, "redraw") < model.accuracy
         for bug in self.bugs:
             if not bug.matches(model_path, resolved) or (bug.trigger == "prefix_hit" and not prefix_hit):
+                continue
+            if not self.bug_active(bug, commit):
                 continue
             low, high = bug.corrupt_probability
             strength = low + (high - low) * unit_hash(self.seed, bug.name, signature, model_path)

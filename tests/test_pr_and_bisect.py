@@ -1,0 +1,130 @@
+"""The PR job: change-aware selection, workflows, a PR played end to end; and bisection."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from harness.bisect import bisect_commits
+from harness.cli import app
+from harness.config import load_suite
+from harness.matrix import expand
+from harness.records import CellOutcome, Score, Throughput
+from harness.selection import load_selection, select_cells
+from tests.helpers import INCIDENT_WORLD, ROOT
+
+RULES = load_selection(ROOT / "configs" / "selection.yaml")
+NIGHTLY = expand(load_suite(ROOT / "configs" / "nightly.yaml").suite)
+DEMO = expand(load_suite(ROOT / "configs" / "demo.yaml").suite)
+
+
+def test_a_backend_change_selects_that_backend_and_the_references():
+    selected = select_cells(DEMO, RULES, ["python/sglang/srt/layers/attention/flashinfer_backend.py"])
+    assert not selected.full
+    chosen = set(selected.cells)
+    assert {c for c in chosen if "flashinfer" in c} == {c.cell_id for c in DEMO.cells if "ab-flashinfer" in c.cell_id}
+    assert chosen - {c.cell_id for c in DEMO.cells if "ab-flashinfer" in c.cell_id} == {
+        "kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"}
+    assert "flashinfer attention backend" in selected.cells["kimi-linear.ab-flashinfer.um-on.rc-on"][0]
+
+
+def test_shared_machinery_selects_everything_and_unknown_paths_the_default():
+    assert select_cells(NIGHTLY, RULES, ["python/sglang/srt/model_executor/model_runner.py"]).full
+    assert len(select_cells(NIGHTLY, RULES, ["python/sglang/srt/server_args.py"]).cells) == len(NIGHTLY.cells)
+    fallback = select_cells(DEMO, RULES, ["docs/index.md"])
+    assert set(fallback.cells) == {"kimi-linear.ab-triton.um-off.rc-on", "kimi-linear.ab-triton.um-off.rc-off",
+                                   "deepseek-v2-lite.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-off"}
+
+
+def test_a_mem_cache_change_selects_radix_on_cells_of_both_memory_modes():
+    cells = select_cells(DEMO, RULES, ["python/sglang/srt/mem_cache/radix_cache.py"]).cells
+    assert all(".rc-on" in c for c in cells) and any(".um-on." in c for c in cells)
+
+
+def test_workflows_validate_against_the_github_schema(tmp_path):
+    checker = str(Path(sys.executable).parent / "check-jsonschema")
+    workflows = sorted(str(p) for p in (ROOT / "jobs" / "github").glob("*.yml"))
+    ok = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", *workflows], capture_output=True,
+                        text=True, timeout=120)
+    assert len(workflows) == 2 and ok.returncode == 0, ok.stdout + ok.stderr
+    broken = tmp_path / "broken.yml"
+    broken.write_text((ROOT / "jobs" / "github" / "pr.yml").read_text().replace("runs-on:", "run-on:"))
+    bad = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", str(broken)], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode != 0
+
+
+def test_pr_workflow_never_checks_out_pr_code():
+    workflow = yaml.safe_load((ROOT / "jobs" / "github" / "pr.yml").read_text())
+    assert "pull_request_target" in workflow[True] and workflow["permissions"] == {
+        "contents": "read", "pull-requests": "write"}
+    steps = workflow["jobs"]["matrix"]["steps"]
+    for step in steps:
+        assert "head.sha" not in str(step.get("with", {})) and "head.ref" not in str(step.get("with", {}))
+    assert "run-accuracy-matrix" in workflow["jobs"]["matrix"]["if"]
+
+
+def outcome(accuracy: float) -> CellOutcome:
+    return CellOutcome(cell_id="c", args=[], score=Score(n=100, correct=int(accuracy * 100), accuracy=accuracy,
+                                                          correct_strict=0, invalid_rate=0, truncated_rate=0,
+                                                          infra_failures=0, retries=0, eval_s=1,
+                                                          throughput=Throughput()))
+
+
+@pytest.mark.parametrize("first_bad", [1, 2, 31, 37, 62, 63])
+def test_bisection_of_64_commits_takes_at_most_7_probes(first_bad):
+    commits = [f"c{i:02d}" for i in range(64)]
+    probed = []
+
+    def run_probe(commit: str) -> CellOutcome:
+        probed.append(commit)
+        return outcome(0.1 if commits.index(commit) >= first_bad else 0.9)
+
+    result = bisect_commits(commits, run_probe, lambda o, ref: (o.score.accuracy < 0.5, "", o.score.accuracy))
+    assert result.first_bad == commits[first_bad] and len(probed) <= 7
+
+
+def test_bisect_finds_the_first_bad_commit_through_real_probes(ray_local, tmp_path):
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["history"] = [f"c{i:02d}" for i in range(64)]
+    world["bugs"][0]["since_commit"] = "c37"
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    suite = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    suite["sim_world"] = str(tmp_path / "world.yaml")
+    (tmp_path / "demo.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = CliRunner().invoke(app, ["bisect", "--suite", str(tmp_path / "demo.yaml"), "--cell",
+                                      "kimi-linear.ab-fa3.um-on.rc-on", "--good", "c00", "--bad", "c63",
+                                      "--num-questions", "40", "--results-dir", str(tmp_path / "results")],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "first bad commit: c37" in result.output and "7 probes" in result.output
+
+
+@pytest.mark.slow
+def test_a_pr_played_end_to_end(tmp_path):
+    """Changed files -> selected cells -> run -> summary, JUnit XML, comment body, exit code."""
+    changed = tmp_path / "changed.txt"
+    changed.write_text("python/sglang/srt/layers/attention/flashmla_backend.py\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "RESULTS_DIR": str(tmp_path / "results")}
+    select = subprocess.run(["regress", "select", "configs/demo.yaml", "--changed-files", str(changed), "--write",
+                             str(tmp_path / "cells.txt")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert select.returncode == 0, select.stderr
+    cells = (tmp_path / "cells.txt").read_text().split()
+    assert len(cells) == 16 + 2  # the flashmla and fa3 cells of both models, plus the two reference cells
+    job = subprocess.run(["bash", "jobs/run_and_report.sh", "configs/demo.yaml", "pr", "--cells",
+                          str(tmp_path / "cells.txt"), "--num-questions", "60", "--no-tracking"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert job.returncode == 1, job.stdout[-2000:] + job.stderr[-2000:]  # the incident cells are selected
+    run_dir = next((tmp_path / "results").glob("demo-*"))
+    junit = ElementTree.parse(run_dir / "junit.xml").getroot()
+    assert len(junit.findall("testcase")) == 18 and len(junit.findall("testcase/failure")) == 4
+    comment = (run_dir / "comment.md").read_text()
+    assert "**fail**" in comment and "kimi-linear.ab-flashmla.um-on.rc-on" in comment
