@@ -52,8 +52,8 @@ def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
         time.sleep(0.2)
     assert cells_file is not None, "no cell finished in time"
     process.send_signal(signal.SIGTERM)
-    process.wait(timeout=60)
-    assert process.returncode == 130
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr[-3000:]
     finished = cells_file.read_text().splitlines()
     assert 2 <= len(finished) < 8
     run_info = json.loads((cells_file.parent / "run.json").read_text())

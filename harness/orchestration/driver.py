@@ -67,8 +67,8 @@ class _Live:
     running: bool = False
 
 
-class _Interrupted(Exception):
-    pass
+class _Interrupted(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that no `except Exception` on the way swallows it."""
 
 
 def git_commit() -> str | None:

@@ -59,7 +59,16 @@ def submit(submission: Submission, follow: bool = True, poll_s: float = 1.0) -> 
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise InfraError(f"cannot reach the Ray Jobs API at {submission.address}: {error}. Is the dashboard "
                          "running there (ray[default]), and is RAY_AUTH_MODE=token set if the cluster uses tokens?") from None
-    job_id = client.submit_job(entrypoint=entrypoint(submission), runtime_env=runtime_env_for(submission))
+    job_id = None
+    deadline = time.monotonic() + 120
+    while job_id is None:
+        try:
+            job_id = client.submit_job(entrypoint=entrypoint(submission), runtime_env=runtime_env_for(submission))
+        except RuntimeError as error:
+            # A cluster that just started has no job agent for a few seconds; anything else is final.
+            if "No available agent" not in str(error) or time.monotonic() > deadline:
+                raise InfraError(f"the cluster refused the job: {error}") from None
+            time.sleep(2)
     print(f"submitted Ray job {job_id} to {submission.address}", flush=True)
     if not follow:
         return 0
