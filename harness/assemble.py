@@ -30,7 +30,7 @@ def cell_result(*, cell_id: str, model: str, factors: dict[str, str], reference_
         timings=outcome.timings, throughput=score.throughput if score else Throughput(),
         log_path=str(log_path) if log_path else None, protocol_fingerprint=fingerprint,
         server_version=outcome.server.version, cuda_visible_devices=outcome.server.cuda_visible_devices,
-        node=outcome.server.node)
+        node=outcome.server.node, stopped_early=outcome.stopped_early is not None)
 
 
 def sink_cell(store: ResultsStore, tracker: Tracker | None, result: CellResult, outcome: CellOutcome,

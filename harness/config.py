@@ -82,6 +82,9 @@ class GateSpec(Strict):
     min_effect: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.02
     extraction: Literal["strict", "flexible"] = "flexible"
     max_infra_failure_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.02
+    # Stop a cell clearly below its floor early (frees its GPUs); the chance of stopping a healthy
+    # cell is at most early_stop_alpha. 0 turns it off.
+    early_stop_alpha: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.001
 
 
 class Rule(Strict):

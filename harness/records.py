@@ -117,6 +117,7 @@ class CellOutcome(Record):
     log_path: str | None = None
     log_tail: str = ""
     timings: Timings = Timings()
+    stopped_early: str | None = None
 
 
 class CellResult(Record):
@@ -149,6 +150,7 @@ class CellResult(Record):
     server_version: str | None = None
     cuda_visible_devices: str | None = None
     node: str | None = None
+    stopped_early: bool = False
 
 
 class RunInfo(Record):

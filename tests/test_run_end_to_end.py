@@ -59,7 +59,8 @@ def test_small_simulated_run_in_process(ray_local, tmp_path):
                           "kimi-linear.ab-triton.um-off.rc-on"}
     assert cells["kimi-linear.ab-fa3.um-on.rc-on"].status.value == "fail"
     assert cells["kimi-linear.ab-triton.um-on.rc-on"].status.value == "pass"
-    assert cells["kimi-linear.ab-fa3.um-on.rc-on"].n == 40
+    assert cells["kimi-linear.ab-fa3.um-on.rc-on"].n == 20 and cells["kimi-linear.ab-fa3.um-on.rc-on"].stopped_early
+    assert cells["kimi-linear.ab-triton.um-on.rc-on"].n == 40
     assert "failures share" in result.output and str(run_dir) in result.output
     runs = mlflow_runs(tmp_path, "demo")
     assert len(runs) == 4 and len(children_of(runs)) == 3
@@ -135,8 +136,11 @@ def test_the_incident_demo(tmp_path):
     assert {c["cell_id"] for c in cells if c["status"] == "fail"} == INCIDENT_CELLS
     assert {c["status"] for c in cells if c["cell_id"] not in INCIDENT_CELLS} == {"pass"}
     for cell in cells:
-        assert 0.05 <= cell["accuracy"] <= 0.31 if cell["cell_id"] in INCIDENT_CELLS else cell["accuracy"] >= 0.85
-        assert len((run_dir / "questions" / f"{cell['cell_id']}.jsonl").read_text().splitlines()) == 200
+        questions = len((run_dir / "questions" / f"{cell['cell_id']}.jsonl").read_text().splitlines())
+        if cell["cell_id"] in INCIDENT_CELLS:  # decided by the sequential test at its first look
+            assert cell["accuracy"] <= 0.35 and cell["stopped_early"] and questions == cell["n"] <= 100
+        else:
+            assert cell["accuracy"] >= 0.85 and not cell["stopped_early"] and questions == 200
         assert Path(cell["log_path"]).is_file() and cell["mlflow_run_id"]
     junit = ElementTree.parse(run_dir / "junit.xml").getroot()
     assert len(junit.findall("testcase")) == 32 and len(junit.findall("testcase/failure")) == 6

@@ -60,6 +60,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
     alpha = gate.alpha / max(cells_tested, 1)
     floor_p = below_floor_p(correct, n, floor)
     reasons = [f"accuracy {accuracy:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
+    if outcome.stopped_early:
+        reasons.append(outcome.stopped_early)
     status = Status.PASS
     if floor > 0 and floor_p < alpha:
         status = Status.FAIL

@@ -193,6 +193,8 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
     stop = asyncio.Event()
     correct = failures = 0
 
+    workers: list[asyncio.Task[None]] = []
+
     async def worker(send: Sender) -> None:
         nonlocal correct, failures
         for position, prompt in pending:
@@ -207,7 +209,12 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
                 on_progress(Progress(len(finished), len(plan.prompts), correct, failures,
                                      time.perf_counter() - started))
             if should_stop is not None and should_stop(finished):
+                # Stop now: the answers in flight are not needed, and cancelling them frees the server.
                 stop.set()
+                for task in workers:
+                    if task is not asyncio.current_task():
+                        task.cancel()
+                return
 
     connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=settings.concurrency)
     timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)
@@ -223,10 +230,12 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
                 base_url=base_url + "/v1", api_key=settings.api_key or "none", max_retries=0,
                 timeout=settings.request_timeout_s))
             send = _openai_sender(client)
-        workers = [asyncio.create_task(worker(send))
-                   for _ in range(min(settings.concurrency, len(plan.prompts)))]
+        workers += [asyncio.create_task(worker(send)) for _ in range(min(settings.concurrency, len(plan.prompts)))]
         try:
-            await asyncio.gather(*workers)
+            outcomes = await asyncio.gather(*workers, return_exceptions=True)
+            for result in outcomes:
+                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                    raise result
         finally:
             for task in workers:
                 task.cancel()

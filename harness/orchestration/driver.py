@@ -31,6 +31,7 @@ from harness.config import BACKEND_AXES, LoadedSuite
 from harness.engine.launch import LaunchSpec, default_python
 from harness.errors import ConfigError
 from harness.gate.attribution import explain
+from harness.gate.sequential import EarlyStop
 from harness.gate.verdict import judge
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, score
@@ -246,8 +247,11 @@ class Driver:
             options["accelerator_type"] = cell.model.gpu_type
         actor = CellWorker.options(**options).remote()
         self.queued_at.setdefault(cell.cell_id, time.time())
+        gate = self.suite.gate
+        early_stop = EarlyStop(cell.model.floor, len(self.plan.prompts), gate.early_stop_alpha,
+                               gate.extraction) if gate.early_stop_alpha > 0 else None
         job = CellJob(spec=self._launch_spec(cell), settings=self._settings(), queued_at=self.queued_at[cell.cell_id],
-                      stall_timeout_s=self.suite.stall_timeout_s)
+                      stall_timeout_s=self.suite.stall_timeout_s, early_stop=early_stop)
         return _Live(cell, actor, actor.where.remote(), actor.run.remote(job, plan_ref), attempt)
 
     def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None) -> None:

@@ -16,6 +16,7 @@ from harness.engine.launch import LaunchSpec
 from harness.engine.server import ServerProcess
 from harness.engine.verify import mismatches
 from harness.errors import InfraError, ServerError
+from harness.gate.sequential import EarlyStop
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import ProtocolPlan
 from harness.records import CellOutcome, ServerInfo, Timings
@@ -29,6 +30,7 @@ class CellJob:
     settings: EvalSettings
     queued_at: float  # driver's wall clock when the cell was submitted
     stall_timeout_s: float = 300.0
+    early_stop: EarlyStop | None = None
 
 
 def _read_log(path: Path) -> str:
@@ -69,12 +71,20 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
                     nonlocal last_progress
                     last_progress = time.monotonic()
 
+                stop_reason: list[str] = []
+
+                def should_stop(records: list) -> bool:
+                    reason = job.early_stop.check(records) if job.early_stop else None
+                    if reason:
+                        stop_reason.append(reason)
+                    return reason is not None
+
                 score, records = await server.guard(
-                    evaluate(server.base_url, plan, job.settings, on_progress=on_progress),
+                    evaluate(server.base_url, plan, job.settings, on_progress=on_progress, should_stop=should_stop),
                     progress=lambda: last_progress, stall_timeout_s=job.stall_timeout_s)
                 timings["eval_s"] = score.eval_s
                 outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, score=score,
-                                      questions=records)
+                                      questions=records, stopped_early=stop_reason[0] if stop_reason else None)
     except ServerError as error:
         outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, error=str(error),
                               log_tail=error.log_tail)
