@@ -15,7 +15,8 @@ from harness.tracking import Tracker
 
 
 def cell_result(*, cell_id: str, model: str, factors: dict[str, str], reference_cell: str | None, floor: float,
-                outcome: CellOutcome, verdict: Verdict, fingerprint: str, log_path: Path | None) -> CellResult:
+                outcome: CellOutcome, verdict: Verdict, fingerprint: str, log_path: Path | None,
+                history_run_id: str | None = None) -> CellResult:
     score = outcome.score
     reason = verdict.reason
     if outcome.log_tail and outcome.error is not None:
@@ -30,7 +31,8 @@ def cell_result(*, cell_id: str, model: str, factors: dict[str, str], reference_
         timings=outcome.timings, throughput=score.throughput if score else Throughput(),
         log_path=str(log_path) if log_path else None, protocol_fingerprint=fingerprint,
         server_version=outcome.server.version, cuda_visible_devices=outcome.server.cuda_visible_devices,
-        node=outcome.server.node, stopped_early=outcome.stopped_early is not None)
+        node=outcome.server.node, stopped_early=outcome.stopped_early is not None,
+        history_run_id=history_run_id if verdict.history_p is not None else None, history_p=verdict.history_p)
 
 
 def sink_cell(store: ResultsStore, tracker: Tracker | None, result: CellResult, outcome: CellOutcome,

@@ -151,6 +151,8 @@ class CellResult(Record):
     cuda_visible_devices: str | None = None
     node: str | None = None
     stopped_early: bool = False
+    history_run_id: str | None = None  # the run whose passing answers this cell was compared with
+    history_p: float | None = None
 
 
 class RunInfo(Record):

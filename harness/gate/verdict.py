@@ -30,6 +30,7 @@ class Verdict:
     floor_p: float | None = None
     mcnemar_p: float | None = None
     agreement: float | None = None
+    history_p: float | None = None
 
 
 def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, bool]:
@@ -39,7 +40,9 @@ def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, boo
 
 
 def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
-          reference: CellOutcome | None = None) -> Verdict:
+          reference: CellOutcome | None = None, history: CellOutcome | None = None) -> Verdict:
+    """`reference`: the reference cell of this run; `history`: the same cell in the last run of the
+    suite where it passed (same protocol). Each is a paired test on the questions both answered."""
     if outcome.error is not None:
         return Verdict(Status.ERROR, outcome.error)
     if outcome.mismatches:
@@ -57,7 +60,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
     n, correct = len(answers), sum(answers.values())
     accuracy = correct / n
     low, high = wilson_interval(correct, n)
-    alpha = gate.alpha / max(cells_tested, 1)
+    # Bonferroni over cells and over the tests made on each (floor, reference, history).
+    alpha = gate.alpha / max(cells_tested, 1) / (2 if history is not None else 1)
     floor_p = below_floor_p(correct, n, floor)
     reasons = [f"accuracy {accuracy:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
     if outcome.stopped_early:
@@ -79,5 +83,14 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
             status = Status.FAIL
         elif paired.drop >= gate.min_effect and status is Status.PASS:
             status = Status.INCONCLUSIVE
+    history_p = None
+    if history is not None and history.score is not None:
+        before = paired_comparison(answers, correctness(history.questions, gate.extraction))
+        if before is not None:
+            history_p = before.p_drop
+            reasons.append(f"vs the last passing run {before.reference_accuracy:.3f} on {before.n} shared: "
+                           f"lost {before.losses}, gained {before.gains}, McNemar p={before.p_drop:.2g}")
+            if before.p_drop < alpha and before.drop >= gate.min_effect:
+                status = Status.FAIL
     return Verdict(status, "; ".join(reasons), accuracy, n, correct, low, high, floor_p,
-                   paired.p_drop if paired else None, paired.agreement if paired else None)
+                   paired.p_drop if paired else None, paired.agreement if paired else None, history_p)

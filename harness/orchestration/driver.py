@@ -163,6 +163,8 @@ class Driver:
         self.parked: dict[str, list[tuple[Cell, CellOutcome, str]]] = {}
         self.results: dict[str, CellResult] = {}
         self.queued_at: dict[str, float] = {}
+        self.history: ResultsStore | None = None
+        self.history_cells: dict[str, CellResult] = {}
 
     # ---- setup -------------------------------------------------------------------------------
     def _open_store(self) -> tuple[ResultsStore, RunInfo]:
@@ -197,10 +199,31 @@ class Driver:
         return EvalSettings(concurrency=self.suite.concurrency, request_timeout_s=self.suite.request_timeout_s,
                             max_attempts=self.suite.request_attempts, model_name="default")
 
+    def _find_history(self, current_run_id: str) -> ResultsStore | None:
+        """The latest earlier run of this suite with the same protocol fingerprint."""
+        from harness.compare import runs_of
+
+        for info in reversed(runs_of(self.options.results_dir, self.suite.suite)):
+            if info.run_id != current_run_id and info.protocol_fingerprint == self.plan.fingerprint:
+                return ResultsStore(self.options.results_dir, info.run_id)
+        return None
+
+    def _history_outcome(self, cell_id: str) -> CellOutcome | None:
+        """The same cell's answers in the history run, when it passed there."""
+        if self.history is None:
+            return None
+        previous = self.history_cells.get(cell_id)
+        if previous is None or previous.status is not Status.PASS:
+            return None
+        records = self.history.read_questions(cell_id)
+        return CellOutcome(cell_id=cell_id, args=[], score=score(records, 0.0), questions=records) if records else None
+
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> tuple[RunInfo, list[CellResult], int]:
         store, info = self._open_store()
         store.write_run(info)
+        self.history = self._find_history(info.run_id)
+        self.history_cells = {c.cell_id: c for c in self.history.cells()} if self.history else {}
         tracker = Tracker(self.options.tracking_uri) if self.options.tracking_uri else None
         if tracker is not None:
             params = {"suite": self.suite.suite, "engine": self.suite.engine, "protocol": self.plan.name,
@@ -328,11 +351,13 @@ class Driver:
         if outcome.score is not None and outcome.error is None:
             self.finished[cell.cell_id] = outcome
         reference = None if reference_missing or cell.reference_cell is None else self.finished.get(cell.reference_cell)
-        verdict = judge(outcome, cell.model.floor, self.suite.gate, len(self.matrix.cells), reference)
+        history = self._history_outcome(cell.cell_id)
+        verdict = judge(outcome, cell.model.floor, self.suite.gate, len(self.matrix.cells), reference, history)
         log_path = store.write_log(cell.cell_id, log) if log else None
         result = cell_result(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
                              reference_cell=cell.reference_cell, floor=cell.model.floor, outcome=outcome,
-                             verdict=verdict, fingerprint=self.plan.fingerprint, log_path=log_path)
+                             verdict=verdict, fingerprint=self.plan.fingerprint, log_path=log_path,
+                             history_run_id=self.history.run_id if self.history else None)
         result = sink_cell(store, tracker, result, outcome, log)
         self.results[cell.cell_id] = result
         if console is not None and not self.options.quiet:

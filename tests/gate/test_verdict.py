@@ -85,3 +85,12 @@ def test_wilson_and_paired_statistics():
     paired = paired_comparison({0: True, 1: False, 2: True}, {0: True, 1: True, 2: False})
     assert (paired.losses, paired.gains, paired.n) == (1, 1, 3) and paired.p_drop == 0.75
     assert paired_comparison({0: True}, {1: True}) is None
+
+
+def test_history_pairing_catches_a_drop_that_the_reference_shares():
+    """Everything broke together: the reference cannot see it, the last passing run can."""
+    yesterday = outcome([True] * 190 + [False] * 10)  # 0.95
+    today = outcome([True] * 165 + [False] * 35)  # 0.825, and the reference dropped alike
+    verdict = judge(today, floor=0.5, gate=GATE, cells_tested=32, reference=today, history=yesterday)
+    assert verdict.status is Status.FAIL and verdict.history_p < 1e-5
+    assert "vs the last passing run 0.950" in verdict.reason and "lost 25, gained 0" in verdict.reason
