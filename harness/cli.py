@@ -115,6 +115,8 @@ def run(
     cells_file: Annotated[Path | None, typer.Option(
         "--cells", help="Only the cell ids listed in this file (from `regress select --write`).")] = None,
     retry_errors: Annotated[bool, typer.Option(help="With --resume: run `error` cells again too.")] = False,
+    fail_fast: Annotated[bool, typer.Option(help="Stop at the first confirmed regression (PR use); "
+                                                 "--resume runs the rest.")] = False,
     trigger: Annotated[str, typer.Option(help="Recorded as the run's trigger: manual, nightly, pr.")] = "manual",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or table; exit code only.")] = False,
 ) -> None:
@@ -146,7 +148,7 @@ def run(
         data = load_gsm8k(data_path)
         protocol_plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
         options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
-                             retry_errors=retry_errors,
+                             retry_errors=retry_errors, fail_fast=fail_fast,
                              tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir),
                              ray_address=ray_address)
         if resume:

@@ -180,3 +180,32 @@ def test_auto_expands_to_the_backends_the_installed_sglang_accepts(ray_local, tm
                                                      (run_dir / "cells.jsonl").read_text().splitlines())}
     assert cells == {"dense.ab-triton": "pass", "dense.ab-brand_new_backend": "pass", "dense.ab-fa3": "skipped"}
     assert result.exit_code == 0
+
+
+def test_fail_fast_stops_at_the_first_regression(ray_local, tmp_path):
+    result = invoke("run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--num-questions", "40",
+                    "--no-tracking", "--quiet", "--fail-fast")
+    assert result.exit_code == 1
+    lines = (only_run(tmp_path) / "cells.jsonl").read_text().splitlines()
+    statuses = [CellResult.model_validate_json(line).status.value for line in lines]
+    assert "fail" in statuses and len(lines) < 32
+
+
+def test_order_puts_references_then_recent_failures_then_longest_first(tmp_path):
+    from harness.config import load_suite
+    from harness.matrix import expand
+    from harness.orchestration.driver import Driver, RunOptions
+    from harness.records import Status, Timings
+
+    loaded = load_suite(ROOT / "configs" / "demo.yaml")
+    matrix = expand(loaded.suite)
+    driver = Driver(loaded, matrix, None, None, RunOptions(results_dir=tmp_path, tracking_uri=None))
+    failed, slow = "kimi-linear.ab-fa3.um-on.rc-on", "kimi-linear.ab-fa3.um-off.rc-off"
+    driver.history_cells = {
+        failed: CellResult(cell_id=failed, model="kimi-linear", factors={}, args=[], resolved={}, status=Status.FAIL,
+                           reason="", timings=Timings(total_s=5)),
+        slow: CellResult(cell_id=slow, model="kimi-linear", factors={}, args=[], resolved={}, status=Status.PASS,
+                         reason="", timings=Timings(total_s=500))}
+    order = [c.cell_id for c in driver.order(list(matrix.cells))]
+    assert order[:2] == ["kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"]
+    assert order[2] == failed and order[3] == slow

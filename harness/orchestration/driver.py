@@ -54,6 +54,7 @@ class RunOptions:
     trigger: str = "manual"
     resume: str | None = None
     retry_errors: bool = False
+    fail_fast: bool = False
     quiet: bool = False
     extra_tags: dict[str, str] = field(default_factory=dict)
 
@@ -66,6 +67,10 @@ class _Live:
     run_ref: Any
     attempt: int
     running: bool = False
+
+
+class _FailFast(BaseException):
+    """A confirmed regression under --fail-fast: stop scheduling, keep what finished."""
 
 
 class _Interrupted(BaseException):
@@ -239,9 +244,11 @@ class Driver:
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
         signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            self._schedule(todo, store, tracker)
+            self._schedule(self.order(todo), store, tracker)
         except (KeyboardInterrupt, _Interrupted):
             interrupted = True
+        except _FailFast:
+            self.parked.clear()  # cells waiting for their reference are not judged; --resume runs them
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -257,6 +264,23 @@ class Driver:
                     store.append_cell(result)
                     self.results[skipped.cell_id] = result
         return self._close(store, info, tracker, interrupted)
+
+    def order(self, cells: list[Cell]) -> list[Cell]:
+        """Reference cells first (they feed the paired tests), then cells that failed last time (a PR
+        learns its verdict sooner), then the longest expected first (learned from the last run)."""
+        def duration(cell: Cell) -> float:
+            previous = self.history_cells.get(cell.cell_id)
+            return previous.timings.total_s - previous.timings.queued_s if previous else 0.0
+
+        known = [duration(c) for c in cells if duration(c) > 0]
+        default = sum(known) / len(known) if known else 0.0
+
+        def key(cell: Cell) -> tuple[bool, bool, float]:
+            previous = self.history_cells.get(cell.cell_id)
+            failed = previous is not None and previous.status.is_regression
+            return (not cell.is_reference, not failed, -(duration(cell) or default) * cell.gpus)
+
+        return sorted(cells, key=key)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         raise _Interrupted()
@@ -345,6 +369,8 @@ class Driver:
         self._finalise(cell, outcome, log, store, tracker, console=console)
         for waiting_cell, waiting_outcome, waiting_log in self.parked.pop(cell.cell_id, []):
             self._finalise(waiting_cell, waiting_outcome, waiting_log, store, tracker, console=console)
+        if self.options.fail_fast and any(r.status.is_regression for r in self.results.values()):
+            raise _FailFast()
 
     def _finalise(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore, tracker: Tracker | None,
                   console: Console | None = None, reference_missing: bool = False) -> None:
