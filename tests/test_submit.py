@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine.server import free_port
 from harness.orchestration.jobs import Submission, entrypoint, runtime_env_for
 from tests.helpers import ROOT
 
@@ -30,10 +31,14 @@ def test_entrypoint_is_quoted_and_relative_to_the_working_dir():
 def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # Unix socket paths must stay under 108 bytes
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "token"}
-    port = "8299"
-    start = subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", "6399",
+    # Every port chosen here: another Ray on this machine (the test session's) holds the defaults,
+    # and a job agent that cannot bind its port leaves the Jobs API without an agent.
+    port, gcs, agent, metrics, runtime_env_agent = (str(free_port()) for _ in range(5))
+    start = subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", gcs,
                             "--num-cpus", "2", "--num-gpus", "8", "--include-dashboard", "true",
-                            "--dashboard-host", "127.0.0.1", "--dashboard-port", port, "--disable-usage-stats"],
+                            "--dashboard-host", "127.0.0.1", "--dashboard-port", port,
+                            "--dashboard-agent-listen-port", agent, "--metrics-export-port", metrics,
+                            "--runtime-env-agent-port", runtime_env_agent, "--disable-usage-stats"],
                            env=env, capture_output=True, text=True, timeout=120)
     assert start.returncode == 0, start.stderr[-2000:]
     try:

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     from harness.sim.server import SimState, build_app
 
     data = load_gsm8k()
-    time.sleep(world.latency.startup_s)  # model loading: the port opens only afterwards, as in sglang
+    model = world.model(args.model_path)
+    # Model loading: the port opens only afterwards, as in sglang.
+    time.sleep(model.startup_s if model.startup_s is not None else world.latency.startup_s)
     state = SimState(world, resolved, data, faults)
     print(f"[sim] The server is fired up and ready to roll! port={args.port}", flush=True)
     web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,

@@ -128,7 +128,9 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
     async with state.slots:
         acquired = state.serving[number] = time.perf_counter()
         cached = len(prefix) // 4 if prefix_hit else 0
-        delay = (latency.base_s + (prompt_tokens - cached) * latency.prefill_s_per_token
+        model = state.world.model(state.model_path)
+        base_s = model.base_s if model.base_s is not None else latency.base_s
+        delay = (base_s + (prompt_tokens - cached) * latency.prefill_s_per_token
                  + completion_tokens * latency.decode_s_per_token)
         if delay > 0:
             await asyncio.sleep(delay)

@@ -35,6 +35,9 @@ class SimModel(_Strict):
     # is given; a world can reproduce that to exercise the `mismatch` check.
     radix_cache_needs_extra_buffer: bool = False
     invalid_share_of_wrong: float = Field(0.1, ge=0, le=1)
+    # Per-model overrides of the world's latency: load time and seconds per request.
+    startup_s: float | None = Field(None, ge=0)
+    base_s: float | None = Field(None, ge=0)
 
 
 class Condition(_Strict):

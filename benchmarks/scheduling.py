@@ -1,0 +1,125 @@
+"""How close does a run come to the lower bound of its wall time, on a simulated 2-node x 8-GPU
+Ray cluster (ray.cluster_utils.Cluster), with 48 cells of tp 1/2/4/8 whose startup and evaluation
+times are drawn from realistic ranges scaled down to seconds?
+
+Prints makespan / lower bound (lower bound = max(GPU-seconds / 16 GPUs, the longest cell)), GPU
+utilisation, the evaluation GPU-seconds early stop saves on each incident cell, and the makespan a
+static longest-first partition across the two nodes (the way sglang's CI splits suites) would have
+had with the same measured cell durations.
+
+    .venv/bin/python benchmarks/scheduling.py
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from harness.cli import app  # noqa: E402
+from tests.helpers import INCIDENT_WORLD  # noqa: E402
+
+TPS = [1, 1, 2, 2, 4, 4, 8, 8]
+GPUS_PER_NODE, NODES = 8, 2
+
+
+def setup(folder: Path) -> Path:
+    rng = random.Random(0)
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["models"] = {}
+    models = []
+    for number, tp in enumerate(TPS):
+        path = f"example/model-{number}-tp{tp}"
+        # Load 1-4 s (minutes on real nodes), 5 request waves of 0.3-1.2 s (the evaluation).
+        world["models"][path] = {"accuracy": 0.9, "kind": "mla", "startup_s": round(rng.uniform(1, 4), 2),
+                                 "base_s": round(rng.uniform(0.3, 1.2), 2)}
+        models.append({"id": f"m{number}-tp{tp}", "path": path, "tp": tp, "floor": 0.8})
+    (folder / "world.yaml").write_text(yaml.safe_dump(world))
+    suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": 40,
+             "concurrency": 8, "stop_grace_s": 1, "models": models,
+             "axes": {"attention_backend": ["triton", "fa3", "flashinfer"], "unified_memory": ["off", "on"],
+                      "radix_cache": ["on"]}, "gate": {"min_effect": 0.3}}
+    (folder / "sched.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    return folder / "sched.yaml"
+
+
+def static_partition_makespan(cells: list[dict]) -> float:
+    """Longest-first across nodes by GPU-seconds, then each node runs its list greedily."""
+    loads = [0.0] * NODES
+    lists: list[list[dict]] = [[] for _ in range(NODES)]
+    for cell in sorted(cells, key=lambda c: -c["gpus"] * c["duration"]):
+        node = loads.index(min(loads))
+        loads[node] += cell["gpus"] * cell["duration"]
+        lists[node].append(cell)
+    makespans = []
+    for queue in lists:
+        free, now, running = GPUS_PER_NODE, 0.0, []  # running: heap of (end, gpus)
+        for cell in queue:
+            while free < cell["gpus"]:
+                end, gpus = heapq.heappop(running)
+                now, free = max(now, end), free + gpus
+            heapq.heappush(running, (now + cell["duration"], cell["gpus"]))
+            free -= cell["gpus"]
+        makespans.append(max((end for end, _ in running), default=0.0))
+    return max(makespans)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        suite = setup(Path(folder))
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+        for _ in range(NODES):
+            cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
+        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+        try:
+            CliRunner().invoke(app, ["run", str(suite), "--results-dir", str(Path(folder) / "results"), "--quiet",
+                                     "--no-tracking"], catch_exceptions=False)
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+        lines = next((Path(folder) / "results").glob("sched-*/cells.jsonl")).read_text().splitlines()
+    cells = [json.loads(line) for line in lines]
+    tp = {m: t for m, t in zip([f"m{i}-tp{t}" for i, t in enumerate(TPS)], TPS, strict=True)}
+    for cell in cells:
+        cell["gpus"] = tp[cell["model"]]
+        cell["duration"] = cell["timings"]["ended_at"] - cell["timings"]["started_at"]
+    start = min(c["timings"]["started_at"] for c in cells)
+    makespan = max(c["timings"]["ended_at"] for c in cells) - start
+    gpu_seconds = sum(c["gpus"] * c["duration"] for c in cells)
+    bound = max(gpu_seconds / (GPUS_PER_NODE * NODES), max(c["duration"] for c in cells))
+    print(f"{len(cells)} cells on {NODES} nodes x {GPUS_PER_NODE} GPUs; statuses: "
+          f"{sorted({c['status'] for c in cells})}")
+    print(f"makespan {makespan:.1f} s, lower bound {bound:.1f} s: makespan / lower bound = {makespan / bound:.2f}")
+    print(f"GPU utilisation: {gpu_seconds / (GPUS_PER_NODE * NODES * makespan):.1%}")
+    static = static_partition_makespan(cells)
+    print(f"static longest-first partition across nodes, same durations: {static:.1f} s "
+          f"({static / bound:.2f} x lower bound)")
+    healthy_eval = {}
+    for cell in cells:
+        if not cell["stopped_early"]:
+            healthy_eval.setdefault(cell["model"], []).append(cell["timings"]["eval_s"])
+    savings = []
+    for cell in cells:
+        if cell["stopped_early"]:
+            full = sum(healthy_eval[cell["model"]]) / len(healthy_eval[cell["model"]])
+            savings.append(1 - cell["timings"]["eval_s"] / full)
+    if savings:
+        print(f"early stop: {len(savings)} incident cells; evaluation GPU-seconds saved per cell: "
+              f"min {min(savings):.0%}, median {sorted(savings)[len(savings) // 2]:.0%}")
+
+
+if __name__ == "__main__":
+    main()
