@@ -43,13 +43,14 @@ def setup(folder: Path) -> Path:
     models = []
     for number, tp in enumerate(TPS):
         path = f"example/model-{number}-tp{tp}"
-        # Load 1-4 s (minutes on real nodes), 5 request waves of 0.3-1.2 s (the evaluation).
+        # Load 1-4 s (minutes on real nodes), 5 request waves of 0.3-1.2 s (the evaluation): the
+        # first answers arrive after one wave, as with 1,319 questions and 256 in flight.
         world["models"][path] = {"accuracy": 0.9, "kind": "mla", "startup_s": round(rng.uniform(1, 4), 2),
                                  "base_s": round(rng.uniform(0.3, 1.2), 2)}
         models.append({"id": f"m{number}-tp{tp}", "path": path, "tp": tp, "floor": 0.8})
     (folder / "world.yaml").write_text(yaml.safe_dump(world))
-    suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": 40,
-             "concurrency": 8, "stop_grace_s": 1, "models": models,
+    suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": 160,
+             "concurrency": 32, "stop_grace_s": 1, "models": models,
              "axes": {"attention_backend": ["triton", "fa3", "flashinfer"], "unified_memory": ["off", "on"],
                       "radix_cache": ["on"]}, "gate": {"min_effect": 0.3}}
     (folder / "sched.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))

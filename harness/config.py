@@ -85,6 +85,9 @@ class GateSpec(Strict):
     # Stop a cell clearly below its floor early (frees its GPUs); the chance of stopping a healthy
     # cell is at most early_stop_alpha. 0 turns it off.
     early_stop_alpha: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.001
+    # Inconclusive cells (and their references) are asked more questions, from the train split
+    # (never the shots), up to this many in all; null: no extension. 2 x 1319 detects 3-point drops.
+    extend_to: Annotated[int, Field(ge=1)] | None = None
 
 
 class Rule(Strict):

@@ -209,3 +209,31 @@ def test_order_puts_references_then_recent_failures_then_longest_first(tmp_path)
     order = [c.cell_id for c in driver.order(list(matrix.cells))]
     assert order[:2] == ["kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"]
     assert order[2] == failed and order[3] == slow
+
+
+def test_inconclusive_cells_are_extended_with_train_questions_and_decided(ray_local, tmp_path):
+    """A 4-point drop is not significant on 200 questions; extended to 1,500 it is."""
+    import yaml
+
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["bugs"] = [{"name": "small", "when": {"attention_backend": "fa3"}, "corrupt_probability": [0.045, 0.045],
+                      "style": "wrong"}]
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    suite = {"suite": "extend", "engine": "sim", "sim_world": str(tmp_path / "world.yaml"), "num_questions": 200,
+             "concurrency": 64, "stop_grace_s": 1, "gate": {"extend_to": 1500},
+             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
+             "axes": {"attention_backend": ["triton", "fa3"]}}
+    (tmp_path / "extend.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = invoke("run", str(tmp_path / "extend.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking",
+                    "--quiet")
+    run_dir = only_run(tmp_path / "results")
+    lines = [CellResult.model_validate_json(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()]
+    first = {c.cell_id: c for c in lines[:2]}
+    final = {c.cell_id: c for c in lines}
+    assert first["dsv2.ab-fa3"].status.value == "inconclusive" and first["dsv2.ab-fa3"].n == 200
+    assert final["dsv2.ab-fa3"].status.value == "fail" and final["dsv2.ab-fa3"].n == 1500
+    assert "extended to 1500 questions" in final["dsv2.ab-fa3"].reason
+    assert result.exit_code == 1
+    indices = [json.loads(q)["index"] for q in (run_dir / "questions" / "dsv2.ab-fa3.jsonl").read_text().splitlines()]
+    extra = [i - 100_000 for i in indices if i >= 100_000]  # train questions, recorded with an offset
+    assert len(indices) == 1500 and len(extra) == 1300 and len(set(extra)) == 1300

@@ -144,3 +144,26 @@ def _finish(data: Gsm8k, name: ProtocolName, endpoint: Endpoint, prompts: list[P
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     return ProtocolPlan(name, endpoint, tuple(prompts), stop, max_tokens, 0.0, tuple(shots), seed,
                         data.sha256, digest)
+
+
+EXTENSION_INDEX_OFFSET = 100_000  # train question i is recorded as index 100000 + i
+
+
+def extension_plan(data: Gsm8k, plan: ProtocolPlan, count: int) -> ProtocolPlan | None:
+    """More questions for undecided cells: train questions that are not shots, in seeded order,
+    with the plan's template. None when the protocol has no clean extension (sglang-fewshot)."""
+    if plan.name == "sglang-fewshot" or count <= 0:
+        return None
+    pool = [i for i in range(len(data.train)) if i not in set(plan.shot_indices)]
+    random.Random(plan.seed + 1).shuffle(pool)
+    chosen = pool[:count]
+    if plan.name == "clean":
+        prefix = "".join(_clean_example(data.train[i]) for i in plan.shot_indices)
+        prompts = [Prompt(EXTENSION_INDEX_OFFSET + i, data.train[i].gold,
+                          prefix + f"Question: {data.train[i].question}\nAnswer:") for i in chosen]
+    else:
+        turns = plan.prompts[0].messages[:-1] if plan.prompts and plan.prompts[0].messages else ()
+        prompts = [Prompt(EXTENSION_INDEX_OFFSET + i, data.train[i].gold,
+                          messages=(*turns, ("user", f"Question: {data.train[i].question}"))) for i in chosen]
+    return ProtocolPlan(plan.name, plan.endpoint, tuple(prompts), plan.stop, plan.max_tokens, plan.temperature,
+                        plan.shot_indices, plan.seed, plan.dataset_sha256, plan.fingerprint + "+ext")

@@ -14,8 +14,8 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -240,7 +240,7 @@ class Driver:
                                            "tracking_uri": self.options.tracking_uri})
             store.write_run(info)
         todo = [c for c in self.matrix.cells if c.cell_id not in self.results]
-        interrupted = False
+        interrupted = stopped_fast = False
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
         signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
@@ -248,10 +248,13 @@ class Driver:
         except (KeyboardInterrupt, _Interrupted):
             interrupted = True
         except _FailFast:
+            stopped_fast = True
             self.parked.clear()  # cells waiting for their reference are not judged; --resume runs them
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if not interrupted and self.suite.gate.extend_to and not stopped_fast:
+            self._extend(store, tracker)
         if not interrupted:
             for parked in list(self.parked.values()):  # references that never produced a score
                 for cell, outcome, log in parked:
@@ -273,7 +276,9 @@ class Driver:
             return previous.timings.total_s - previous.timings.queued_s if previous else 0.0
 
         known = [duration(c) for c in cells if duration(c) > 0]
-        default = sum(known) / len(known) if known else 0.0
+        # Unknown cells count as average length, so wider cells (more GPUs) go first: a tp-8 cell
+        # needs a whole node and would starve behind narrower ones.
+        default = sum(known) / len(known) if known else 1.0
 
         def key(cell: Cell) -> tuple[bool, bool, float]:
             previous = self.history_cells.get(cell.cell_id)
@@ -301,10 +306,17 @@ class Driver:
                       stall_timeout_s=self.suite.stall_timeout_s, early_stop=early_stop)
         return _Live(cell, actor, actor.where.remote(), actor.run.remote(job, plan_ref), attempt)
 
-    def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None) -> None:
+    def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None,
+                  plan: ProtocolPlan | None = None,
+                  on_outcome: Callable[[Cell, CellOutcome, str, Console], None] | None = None,
+                  label: str | None = None) -> None:
+        """Run `todo` on Ray; each outcome goes to `on_outcome` (default: gate it and write it)."""
         if not todo:
             return
-        plan_ref = ray.put(self.plan)
+        plan_ref = ray.put(plan or self.plan)
+        if on_outcome is None:
+            def on_outcome(cell: Cell, outcome: CellOutcome, log: str, console: Console) -> None:
+                self._gate_when_ready(cell, outcome, log, store, tracker, console)
         live: dict[Any, _Live] = {}
         for cell in todo:
             entry = self._submit(cell, plan_ref, 1)
@@ -312,7 +324,7 @@ class Driver:
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,
                             disable=self.options.quiet, transient=False)
-        task = progress.add_task(f"{self.suite.suite}", total=len(todo), state="")
+        task = progress.add_task(label or self.suite.suite, total=len(todo), state="")
         done = 0
         try:
             with progress:
@@ -336,11 +348,52 @@ class Driver:
                             continue
                         done += 1
                         progress.advance(task)
-                        self._gate_when_ready(entry.cell, outcome, log, store, tracker, progress.console)
+                        on_outcome(entry.cell, outcome, log, progress.console)
         finally:
             for entry in {id(e): e for e in live.values()}.values():
                 with contextlib.suppress(Exception):
                     ray.kill(entry.actor)
+
+    def _extend(self, store: ResultsStore, tracker: Tracker | None) -> None:
+        """Ask `inconclusive` cells (and their references) more questions from the train split,
+        up to `gate.extend_to` in all, and judge them again on everything they answered."""
+        from harness.gsm8k.protocol import extension_plan
+
+        undecided = [self.cells[r.cell_id] for r in self.results.values()
+                     if r.status is Status.INCONCLUSIVE and r.cell_id in self.cells and r.cell_id in self.finished]
+        if not undecided:
+            return
+        extra = extension_plan(self.data, self.plan, self.suite.gate.extend_to - len(self.plan.prompts))
+        if extra is None:
+            return
+        wanted = {c.cell_id for c in undecided} | {c.reference_cell for c in undecided if c.reference_cell}
+        cells = [self.cells[cell_id] for cell_id in wanted if cell_id in self.finished]
+        more: dict[str, CellOutcome] = {}
+
+        def collect(cell: Cell, outcome: CellOutcome, log: str, console: Console) -> None:
+            more[cell.cell_id] = outcome
+
+        self._schedule(self.order(cells), store, tracker, plan=extra, on_outcome=collect,
+                       label=f"{self.suite.suite}: extending {len(undecided)} inconclusive cell(s)")
+        for cell_id, outcome in more.items():
+            if outcome.score is None or outcome.error:
+                continue
+            base = self.finished[cell_id]
+            records = [*base.questions, *outcome.questions]
+            self.finished[cell_id] = base.model_copy(update={"questions": records,
+                                                             "score": score(records, base.score.eval_s + outcome.score.eval_s)})
+        for cell in undecided:
+            outcome = self.finished[cell.cell_id]
+            reference = self.finished.get(cell.reference_cell) if cell.reference_cell else None
+            verdict = judge(outcome, cell.model.floor, self.suite.gate, len(self.matrix.cells), reference,
+                            self._history_outcome(cell.cell_id))
+            verdict = replace(verdict, reason=f"extended to {verdict.n} questions; " + verdict.reason)
+            result = cell_result(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
+                                 reference_cell=cell.reference_cell, floor=cell.model.floor, outcome=outcome,
+                                 verdict=verdict, fingerprint=self.plan.fingerprint,
+                                 log_path=Path(self.results[cell.cell_id].log_path) if self.results[cell.cell_id].log_path else None)
+            # A later line for the same cell replaces the earlier one for every reader.
+            self.results[cell.cell_id] = sink_cell(store, tracker, result, outcome, "")
 
     def _collect(self, entry: _Live) -> tuple[CellOutcome | None, str]:
         try:

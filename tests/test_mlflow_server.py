@@ -1,0 +1,110 @@
+"""Against a real `mlflow server` (SQLite backend, loopback): the parent and child runs, params,
+metrics, tags, the table and dashboard artifacts; then the server is stopped mid-run and the run
+is synced afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.engine.server import free_port
+from tests.helpers import INCIDENT_WORLD
+from tests.test_run_end_to_end import children_of
+
+
+def start_server(tmp_path: Path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                               f"sqlite:///{tmp_path / 'server.db'}", "--default-artifact-root", str(tmp_path / "artifacts"),
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    raise AssertionError("mlflow server did not start in 90 s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_runs_on_a_tracking_server_then_it_goes_down_and_sync_completes(ray_local, tmp_path):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(tmp_path, port)
+    try:
+        result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path / "results"),
+                                          "--tracking-uri", uri, "--num-questions", "40", "--quiet", "--select",
+                                          "model=kimi-linear,radix_cache=on"], catch_exceptions=False)
+        assert result.exit_code == 1
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("demo")
+        runs = client.search_runs([experiment.experiment_id])
+        children = children_of(runs)
+        assert len(runs) == 1 + 8 and len(children) == 8
+        parent = next(r for r in runs if r not in children)
+        assert parent.data.tags["trigger"] == "manual" and "attribution" in parent.data.tags
+        failing = next(c for c in children if c.data.tags["cell_id"] == "kimi-linear.ab-fa3.um-on.rc-on")
+        assert failing.data.tags["status"] == "fail" and failing.data.params["attention_backend"] == "fa3"
+        assert failing.data.metrics["accuracy"] < 0.5 and "ci_low" in failing.data.metrics
+        artifacts = {a.path for a in client.list_artifacts(failing.info.run_id)}
+        assert {"questions.json", "server.log", "server_info.json"} <= artifacts
+        dashboard = CliRunner().invoke(app, ["dashboard", "demo", "--results-dir", str(tmp_path / "results"),
+                                             "--output", str(tmp_path / "demo.html"), "--tracking-uri", uri])
+        assert dashboard.exit_code == 0
+        assert "dashboard.html" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+        # Now the server goes down in the middle of a run: the run completes, results/ is whole.
+        world = yaml.safe_load(INCIDENT_WORLD.read_text())
+        world["latency"] = {"slots": 4, "base_s": 0.05, "startup_s": 0.5}
+        (tmp_path / "slow.yaml").write_text(yaml.safe_dump(world))
+        suite = yaml.safe_load(open("configs/demo.yaml"))
+        suite["sim_world"] = str(tmp_path / "slow.yaml")
+        suite["cluster"]["gpus"] = 2
+        (tmp_path / "demo.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+        runner = subprocess.Popen([str(Path(sys.executable).parent / "regress"), "run", str(tmp_path / "demo.yaml"),
+                                   "--results-dir", str(tmp_path / "results2"), "--tracking-uri", uri, "--quiet",
+                                   "--num-questions", "40", "--select", "model=deepseek-v2-lite,radix_cache=on"])
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            found = list((tmp_path / "results2").glob("demo-*/cells.jsonl"))
+            if found and len(found[0].read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        stop_server(server)
+        assert runner.wait(timeout=300) == 1
+        run_dir = next((tmp_path / "results2").glob("demo-*"))
+        assert len((run_dir / "cells.jsonl").read_text().splitlines()) == 8
+        assert "MLflow" in (run_dir / "run.json").read_text() or "failed" in (run_dir / "run.json").read_text()
+        server = start_server(tmp_path, port)
+        for _ in range(2):
+            synced = CliRunner().invoke(app, ["sync", run_dir.name, "--results-dir", str(tmp_path / "results2"),
+                                              "--tracking-uri", uri], catch_exceptions=False)
+            assert synced.exit_code == 0, synced.output
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.results_run_id = '{run_dir.name}'")
+        assert len(runs) == 1
+        assert len(children_of(client.search_runs([experiment.experiment_id], max_results=1000))) == 8 + 8
+    finally:
+        stop_server(server)
