@@ -139,6 +139,11 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
     return text, reason, prompt_tokens, completion_tokens
 
 
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
 def _stop_list(value: Any) -> list[str]:
     if value is None:
         return []
@@ -194,19 +199,20 @@ def build_app(state: SimState) -> web.Application:
         state.prefixes.clear()
         return web.Response(text="Cache flushed.")
 
-    async def body_of(request: web.Request) -> dict[str, Any]:
+    async def accept(request: web.Request) -> tuple[dict[str, Any], int, web.Response | None]:
+        """The JSON body, the request's number, and the fault response to send instead, if any."""
         try:
             body = await request.json()
         except json.JSONDecodeError:
             raise web.HTTPBadRequest(text="request body is not JSON") from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text="request body must be a JSON object")
-        return body
+        number, failure = await begin()
+        return body, number, failure
 
     @routes.post("/generate")
     async def generate(request: web.Request) -> web.Response:
-        body = await body_of(request)
-        number, failure = await begin()
+        body, number, failure = await accept(request)
         if failure is not None:
             return failure
         if not isinstance(body.get("text"), str):
@@ -221,8 +227,7 @@ def build_app(state: SimState) -> web.Application:
 
     @routes.post("/v1/completions")
     async def completions(request: web.Request) -> web.Response:
-        body = await body_of(request)
-        number, failure = await begin()
+        body, number, failure = await accept(request)
         if failure is not None:
             return failure
         if not isinstance(body.get("prompt"), str):
@@ -233,13 +238,11 @@ def build_app(state: SimState) -> web.Application:
         return web.json_response({
             "id": f"cmpl-{number}", "object": "text_completion", "model": body.get("model"),
             "choices": [{"index": 0, "text": text, "finish_reason": reason}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-                      "total_tokens": prompt_tokens + tokens}})
+            "usage": _usage(prompt_tokens, tokens)})
 
     @routes.post("/v1/chat/completions")
     async def chat(request: web.Request) -> web.Response:
-        body = await body_of(request)
-        number, failure = await begin()
+        body, number, failure = await accept(request)
         if failure is not None:
             return failure
         messages = body.get("messages")
@@ -251,8 +254,7 @@ def build_app(state: SimState) -> web.Application:
         return web.json_response({
             "id": f"chatcmpl-{number}", "object": "chat.completion", "model": body.get("model"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-                      "total_tokens": prompt_tokens + tokens}})
+            "usage": _usage(prompt_tokens, tokens)})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.add_routes(routes)
