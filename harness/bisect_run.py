@@ -15,7 +15,8 @@ from harness.gate.verdict import judge
 from harness.gsm8k.dataset import load_gsm8k
 from harness.gsm8k.protocol import build_plan
 from harness.matrix import Cell, Matrix, expand
-from harness.orchestration.driver import Driver, RunOptions, check_fits, ray_cluster
+from harness.orchestration.cluster import check_fits, ray_cluster
+from harness.orchestration.driver import Driver, RunOptions
 from harness.records import CellOutcome, Status
 from harness.sim.world import load_world
 

@@ -126,7 +126,8 @@ def run(
     """
     from harness.gsm8k.dataset import load_gsm8k
     from harness.gsm8k.protocol import build_plan
-    from harness.orchestration.driver import Driver, RunOptions, check_fits, expand_auto, ray_cluster
+    from harness.orchestration.cluster import check_fits, expand_auto, ray_cluster
+    from harness.orchestration.driver import Driver, RunOptions
     from harness.sim.world import load_world
     from harness.tracking import default_tracking_uri
 

@@ -1,0 +1,82 @@
+"""The cluster side of a run: connecting to Ray (or starting a local one), checking that every cell
+fits some node before anything launches, and asking a worker what the installed sglang accepts."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+
+from harness.config import BACKEND_AXES, LoadedSuite
+from harness.engine.launch import default_python
+from harness.errors import ConfigError
+from harness.matrix import Matrix, expand, select
+
+
+@contextlib.contextmanager
+def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
+    """Connect to `address`, or start a local Ray that declares the suite's GPU count."""
+    spec = suite.suite.cluster
+    address = address or spec.address
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "logging_level": logging.WARNING, "configure_logging": True}
+    if spec.runtime_env:
+        kwargs["runtime_env"] = spec.runtime_env
+    already = ray.is_initialized()
+    if not already:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            # Loopback only: a local cluster has no reason to listen on the machine's network address.
+            ray.init(address="local", num_gpus=spec.gpus, num_cpus=spec.cpus, _node_ip_address="127.0.0.1", **kwargs)
+    try:
+        yield
+    finally:
+        if not already:
+            ray.shutdown()
+
+
+def engine_env(loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
+    """Variables every server of the suite gets: the simulator's world and data for `sim`."""
+    env: dict[str, str] = {}
+    if loaded.suite.engine == "sim":
+        assert loaded.suite.sim_world is not None
+        env["REGRESS_SIM_WORLD"] = str(loaded.resolve_path(loaded.suite.sim_world))
+        if data_source and not data_source.startswith("hub:"):
+            env["REGRESS_GSM8K_PATH"] = data_source
+    return env
+
+
+@ray.remote(num_cpus=0)
+def _accepted_backends(engine: str, python: str, env: dict[str, str]) -> tuple[str, ...]:
+    from harness.engine.discover import accepted_attention_backends
+
+    return accepted_attention_backends(engine, python, env)
+
+
+def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | None) -> Matrix | None:
+    """If an attention axis says `auto`, re-expand with what the cluster's sglang accepts (read on a
+    worker with the first model's environment); None when no axis says `auto`."""
+    spec = loaded.suite
+    if not any(axis in BACKEND_AXES and "auto" in values for axis, values in spec.axes.items()):
+        return None
+    env = {**engine_env(loaded, data_source), **spec.models[0].env}
+    backends = ray.get(_accepted_backends.remote(spec.engine, default_python(spec.python), env))
+    return select(expand(spec, tuple(backends)), selection)
+
+
+def check_fits(matrix: Matrix) -> None:
+    """Refuse cells that no node can hold, before anything is launched."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    largest = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
+    types = {key.split(":", 1)[1] for n in nodes for key in n["Resources"] if key.startswith("accelerator_type:")}
+    for cell in matrix.cells:
+        if cell.gpus > largest:
+            raise ConfigError(f"models[{cell.model.id}].tp: {cell.gpus} GPUs asked by {cell.cell_id}, but the "
+                              f"largest node has {largest}; an actor never spans nodes")
+        if cell.model.gpu_type and cell.model.gpu_type not in types:
+            raise ConfigError(f"models[{cell.model.id}].gpu_type: no node has {cell.model.gpu_type!r}; "
+                              f"nodes have: {', '.join(sorted(types)) or 'no accelerator type'}")
