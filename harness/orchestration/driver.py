@@ -62,7 +62,7 @@ class RunOptions:
 class _Live:
     cell: Cell
     actor: Any
-    where_ref: Any
+    where_ref: Any  # None for a worker handed over from a finished cell (it is already running)
     run_ref: Any
     attempt: int
     running: bool = False
@@ -223,6 +223,12 @@ class Driver:
     def _on_sigterm(self, signum: int, frame: object) -> None:
         raise _Interrupted()
 
+    def _early_stop(self, cell: Cell) -> EarlyStop | None:
+        gate = self.suite.gate
+        if gate.early_stop_alpha <= 0:
+            return None
+        return EarlyStop(cell.model.floor, len(self.plan.prompts), gate.early_stop_alpha, gate.extraction)
+
     def _submit(self, cell: Cell, plan_ref: Any, attempt: int) -> _Live:
         options: dict[str, Any] = {"num_gpus": cell.gpus}
         if self.suite.cluster.runtime_env:
@@ -232,11 +238,8 @@ class Driver:
             options["accelerator_type"] = cell.model.gpu_type
         actor = CellWorker.options(**options).remote()
         self.queued_at.setdefault(cell.cell_id, time.time())
-        gate = self.suite.gate
-        early_stop = EarlyStop(cell.model.floor, len(self.plan.prompts), gate.early_stop_alpha,
-                               gate.extraction) if gate.early_stop_alpha > 0 else None
         job = CellJob(spec=self._launch_spec(cell), settings=self._settings(), queued_at=self.queued_at[cell.cell_id],
-                      stall_timeout_s=self.suite.stall_timeout_s, early_stop=early_stop)
+                      stall_timeout_s=self.suite.stall_timeout_s, early_stop=self._early_stop(cell))
         return _Live(cell, actor, actor.where.remote(), actor.run.remote(job, plan_ref), attempt)
 
     def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None,
@@ -251,6 +254,7 @@ class Driver:
             def on_outcome(cell: Cell, outcome: CellOutcome, log: str, console: Console) -> None:
                 self._gate_when_ready(cell, outcome, log, store, tracker, console)
         live: dict[Any, _Live] = {}
+        order = {cell.cell_id: position for position, cell in enumerate(todo)}
         for cell in todo:
             entry = self._submit(cell, plan_ref, 1)
             live[entry.where_ref] = live[entry.run_ref] = entry
@@ -281,11 +285,36 @@ class Driver:
                             continue
                         done += 1
                         progress.advance(task)
+                        if not (self.suite.cluster.reuse_workers and self._hand_over(entry, live, plan_ref, order)):
+                            with contextlib.suppress(Exception):
+                                ray.kill(entry.actor)
                         on_outcome(entry.cell, outcome, log, progress.console)
         finally:
             for entry in {id(e): e for e in live.values()}.values():
                 with contextlib.suppress(Exception):
                     ray.kill(entry.actor)
+
+    def _hand_over(self, finished: _Live, live: dict[Any, _Live], plan_ref: Any, order: dict[str, int]) -> bool:
+        """Give a finished worker (its node and GPUs) to the next waiting cell of the same width,
+        same model first (its weights are in the node's page cache), instead of starting a new
+        worker process; the waiting cell's own actor, not placed yet, is cancelled."""
+        waiting = [e for e in {id(e): e for e in live.values()}.values()
+                   if not e.running and e.cell.gpus == finished.cell.gpus
+                   and e.cell.model.gpu_type == finished.cell.model.gpu_type]
+        if not waiting:
+            return False
+        chosen = min(waiting, key=lambda e: (e.cell.model.id != finished.cell.model.id, order[e.cell.cell_id]))
+        live.pop(chosen.where_ref, None)
+        live.pop(chosen.run_ref, None)
+        with contextlib.suppress(Exception):
+            ray.kill(chosen.actor)
+        job = CellJob(spec=self._launch_spec(chosen.cell), settings=self._settings(),
+                      queued_at=self.queued_at[chosen.cell.cell_id], stall_timeout_s=self.suite.stall_timeout_s,
+                      early_stop=self._early_stop(chosen.cell))
+        handed = _Live(chosen.cell, finished.actor, None, finished.actor.run.remote(job, plan_ref), chosen.attempt,
+                       running=True)
+        live[handed.run_ref] = handed
+        return True
 
     def _extend(self, store: ResultsStore, tracker: Tracker | None) -> None:
         """Ask `inconclusive` cells (and their references) more questions from the train split,
@@ -342,8 +371,6 @@ class Driver:
             outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[],
                                   error=f"worker failed: {type(error).__name__}: {str(error)[:300]}")
             log = ""
-        with contextlib.suppress(Exception):
-            ray.kill(entry.actor)
         return outcome, log
 
     def _gate_when_ready(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore,
