@@ -37,7 +37,8 @@ def slow_suite(tmp_path: Path, gpus: int = 2) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path, stop_signal):
     suite_path, world_path = slow_suite(tmp_path)
     results = tmp_path / "results"
     process = subprocess.Popen([REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet"],
@@ -51,7 +52,7 @@ def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
             break
         time.sleep(0.2)
     assert cells_file is not None, "no cell finished in time"
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop_signal)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr[-3000:]
     finished = cells_file.read_text().splitlines()

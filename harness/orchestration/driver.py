@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -73,7 +74,7 @@ class _FailFast(BaseException):
 
 
 class _Interrupted(BaseException):
-    """SIGTERM, raised like KeyboardInterrupt so that no `except Exception` on the way swallows it."""
+    """SIGTERM or Ctrl-C, raised like KeyboardInterrupt so that no `except Exception` swallows it."""
 
 
 def git_commit() -> str | None:
@@ -103,6 +104,7 @@ class Driver:
         self.queued_at: dict[str, float] = {}
         self.history: ResultsStore | None = None
         self.history_cells: dict[str, CellResult] = {}
+        self.stop_signal: int | None = None  # SIGTERM or SIGINT received: stop at the next check
 
     # ---- setup -------------------------------------------------------------------------------
     def _open_store(self) -> tuple[ResultsStore, RunInfo]:
@@ -173,21 +175,23 @@ class Driver:
                                            "tracking_uri": self.options.tracking_uri})
             store.write_run(info)
         todo = [c for c in self.matrix.cells if c.cell_id not in self.results]
-        interrupted = stopped_fast = False
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        interrupted = False
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if threading.current_thread() is not threading.main_thread():
+            previous = {}  # signals reach only the main thread; an embedding caller handles them
+        for sig in previous:
+            signal.signal(sig, self._on_signal)
         try:
             self._schedule(self.order(todo), store, tracker)
+            if self.suite.gate.extend_to:
+                self._extend(store, tracker)
         except (KeyboardInterrupt, _Interrupted):
             interrupted = True
         except _FailFast:
-            stopped_fast = True
             self.parked.clear()  # cells waiting for their reference are not judged; --resume runs them
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        if not interrupted and self.suite.gate.extend_to and not stopped_fast:
-            self._extend(store, tracker)
         if not interrupted:
             for parked in list(self.parked.values()):  # references that never produced a score
                 for cell, outcome, log in parked:
@@ -220,8 +224,12 @@ class Driver:
 
         return sorted(cells, key=key)
 
-    def _on_sigterm(self, signum: int, frame: object) -> None:
-        raise _Interrupted()
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only a flag: an exception raised here could surface inside Ray's C++ wait as a
+        # SystemError. The scheduling loop checks the flag twice a second. A second signal stops now.
+        if self.stop_signal is not None:
+            raise KeyboardInterrupt
+        self.stop_signal = signum
 
     def _early_stop(self, cell: Cell) -> EarlyStop | None:
         gate = self.suite.gate
@@ -266,6 +274,8 @@ class Driver:
         try:
             with progress:
                 while live:
+                    if self.stop_signal is not None:
+                        raise _Interrupted()
                     running = len({id(e) for e in live.values() if e.running})
                     waiting = len({id(e) for e in live.values()}) - running
                     progress.update(task, state=f"queued {waiting} · running {running} · done {done}")
