@@ -63,7 +63,16 @@ class Tracker:
 
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         found = self._client.get_experiment_by_name(experiment)
-        self._experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
+        if found:
+            self._experiment_id = found.experiment_id
+            return
+        # A SQLite store would put artifacts in ./mlruns of whatever folder the run starts in; keep
+        # them next to the database instead. A tracking server decides for itself.
+        location = None
+        if self.tracking_uri.startswith("sqlite:///"):
+            database = Path(self.tracking_uri.removeprefix("sqlite:///"))
+            location = (database.parent / "mlartifacts").resolve().as_uri()
+        self._experiment_id = self._client.create_experiment(experiment, artifact_location=location)
 
     def _existing_parent(self, run_id: str) -> Any:
         found = self._client.search_runs([self._experiment_id], filter_string=f"tags.results_run_id = '{run_id}'",
