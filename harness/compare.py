@@ -95,10 +95,7 @@ def compare_runs(before: LoadedRun, after: LoadedRun, allow_different_protocol: 
                                        correctness(before.store.read_questions(cell_id), extraction))
             if paired is not None:
                 shared, difference = paired.n, paired.accuracy - paired.reference_accuracy
-                from scipy.stats import binomtest
-
-                discordant = paired.losses + paired.gains
-                p_value = float(binomtest(paired.losses, discordant, 0.5).pvalue) if discordant else 1.0
+                p_value = paired.p_change
         changes.append(CellChange(cell_id, old, new, shared, difference, p_value, _change(old, new)))
     return changes
 

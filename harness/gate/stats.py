@@ -42,6 +42,7 @@ class Paired:
     drop: float  # reference accuracy minus cell accuracy
     drop_ci: tuple[float, float]
     p_drop: float  # exact one-sided McNemar: more losses than gains
+    p_change: float  # exact two-sided McNemar: a change either way
 
 
 def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], confidence: float = 0.95) -> Paired | None:
@@ -61,6 +62,7 @@ def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], confide
     half = float(norm.ppf(0.5 + confidence / 2)) * math.sqrt(variance)
     discordant = losses + gains
     p_drop = float(binomtest(losses, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
+    p_change = float(binomtest(losses, discordant, 0.5).pvalue) if discordant else 1.0
     return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,
                   reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - half, drop + half),
-                  p_drop=p_drop)
+                  p_drop=p_drop, p_change=p_change)

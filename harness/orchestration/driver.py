@@ -85,6 +85,14 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def stored_outcome(store: ResultsStore, cell_id: str, args: list[str] | None = None) -> CellOutcome | None:
+    """A cell's answers in a finished run, as an outcome the gate can pair with (None: no answers)."""
+    records = store.read_questions(cell_id)
+    if not records:
+        return None
+    return CellOutcome(cell_id=cell_id, args=args or [], score=score(records, 0.0), questions=records)
+
+
 class Driver:
     """One invocation of `regress run`."""
 
@@ -116,10 +124,10 @@ class Driver:
                     self.results.pop(result.cell_id, None)  # a later line for the cell replaces this one
                     continue
                 self.results[result.cell_id] = result
-                records = store.read_questions(result.cell_id)
-                if records and result.status in (Status.PASS, Status.FAIL, Status.INCONCLUSIVE):
-                    self.finished[result.cell_id] = CellOutcome(cell_id=result.cell_id, args=result.args,
-                                                                score=score(records, 0.0), questions=records)
+                if result.status in (Status.PASS, Status.FAIL, Status.INCONCLUSIVE):
+                    outcome = stored_outcome(store, result.cell_id, result.args)
+                    if outcome is not None:
+                        self.finished[result.cell_id] = outcome
             return store, info.model_copy(update={"ended_at": None, "interrupted": False})
         run_id = new_run_id(self.suite.suite)
         store = ResultsStore(self.options.results_dir, run_id)
@@ -155,8 +163,7 @@ class Driver:
         previous = self.history_cells.get(cell_id)
         if previous is None or previous.status is not Status.PASS:
             return None
-        records = self.history.read_questions(cell_id)
-        return CellOutcome(cell_id=cell_id, args=[], score=score(records, 0.0), questions=records) if records else None
+        return stored_outcome(self.history, cell_id)
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> tuple[RunInfo, list[CellResult], int]:
@@ -355,17 +362,8 @@ class Driver:
             self.finished[cell_id] = base.model_copy(update={"questions": records,
                                                              "score": score(records, base.score.eval_s + outcome.score.eval_s)})
         for cell in undecided:
-            outcome = self.finished[cell.cell_id]
-            reference = self.finished.get(cell.reference_cell) if cell.reference_cell else None
-            verdict = judge(outcome, cell.model.floor, self.suite.gate, len(self.matrix.cells), reference,
-                            self._history_outcome(cell.cell_id))
-            verdict = replace(verdict, reason=f"extended to {verdict.n} questions; " + verdict.reason)
-            result = cell_result(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
-                                 reference_cell=cell.reference_cell, floor=cell.model.floor, outcome=outcome,
-                                 verdict=verdict, fingerprint=self.plan.fingerprint,
-                                 log_path=Path(self.results[cell.cell_id].log_path) if self.results[cell.cell_id].log_path else None)
-            # A later line for the same cell replaces the earlier one for every reader.
-            self.results[cell.cell_id] = sink_cell(store, tracker, result, outcome, "")
+            self._finalise(cell, self.finished[cell.cell_id], "", store, tracker, console=self.console,
+                           note="extended to {n} questions; ")
 
     def _collect(self, entry: _Live) -> tuple[CellOutcome | None, str]:
         try:
@@ -396,13 +394,19 @@ class Driver:
             raise _FailFast()
 
     def _finalise(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore, tracker: Tracker | None,
-                  console: Console | None = None, reference_missing: bool = False) -> None:
+                  console: Console | None = None, reference_missing: bool = False, note: str = "") -> None:
+        """Judge one cell and write it everywhere. Judging a cell again (after an extension) appends
+        a line that replaces the earlier one; `note` ({n} = questions) leads its reason."""
         if outcome.score is not None and outcome.error is None:
             self.finished[cell.cell_id] = outcome
         reference = None if reference_missing or cell.reference_cell is None else self.finished.get(cell.reference_cell)
         history = self._history_outcome(cell.cell_id)
         verdict = judge(outcome, cell.model.floor, self.suite.gate, len(self.matrix.cells), reference, history)
-        log_path = store.write_log(cell.cell_id, log) if log else None
+        if note:
+            verdict = replace(verdict, reason=note.format(n=verdict.n) + verdict.reason)
+        earlier = self.results.get(cell.cell_id)
+        log_path = store.write_log(cell.cell_id, log) if log else (
+            Path(earlier.log_path) if earlier is not None and earlier.log_path else None)
         result = cell_result(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
                              reference_cell=cell.reference_cell, floor=cell.model.floor, outcome=outcome,
                              verdict=verdict, fingerprint=self.plan.fingerprint, log_path=log_path,
