@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import logging
 import random
 import sys
@@ -78,8 +79,27 @@ def static_partition_makespan(cells: list[dict]) -> float:
     return max(makespans)
 
 
+def idle_breakdown(cells: list[dict], start: float, end: float) -> dict[str, float]:
+    """GPU-seconds each GPU sat idle: before its first cell, between cells, after its last."""
+    per_gpu: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for cell in cells:
+        for device in (cell["cuda_visible_devices"] or "").split(","):
+            per_gpu.setdefault((cell["node"], device), []).append(
+                (cell["timings"]["started_at"], cell["timings"]["ended_at"]))
+    totals = {"before first": 0.0, "between cells": 0.0, "after last": 0.0}
+    for spans in per_gpu.values():
+        spans.sort()
+        totals["before first"] += spans[0][0] - start
+        totals["after last"] += end - spans[-1][1]
+        totals["between cells"] += sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+    totals["GPUs never used"] = (GPUS_PER_NODE * NODES - len(per_gpu)) * (end - start)
+    return totals
+
+
 def main() -> None:
+    os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
     with tempfile.TemporaryDirectory() as folder:
+        folder = os.environ.get("KEEP", folder)
         suite = setup(Path(folder))
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
         for _ in range(NODES):
@@ -105,6 +125,8 @@ def main() -> None:
           f"{sorted({c['status'] for c in cells})}")
     print(f"makespan {makespan:.1f} s, lower bound {bound:.1f} s: makespan / lower bound = {makespan / bound:.2f}")
     print(f"GPU utilisation: {gpu_seconds / (GPUS_PER_NODE * NODES * makespan):.1%}")
+    idle = idle_breakdown(cells, start, start + makespan)
+    print("GPU-seconds idle: " + ", ".join(f"{name} {value:.0f}" for name, value in idle.items()))
     static = static_partition_makespan(cells)
     print(f"static longest-first partition across nodes, same durations: {static:.1f} s "
           f"({static / bound:.2f} x lower bound)")

@@ -71,9 +71,12 @@ class ClusterSpec(Strict):
     gpus: Annotated[int, Field(ge=0)] = 8
     cpus: Annotated[int, Field(ge=1)] | None = None
     runtime_env: dict[str, Any] = {}
-    # Hand a finished cell's worker (node, GPUs, process) to the next cell of the same width, same
-    # model first, instead of starting a new one: less idle GPU time between cells.
-    reuse_workers: bool = True
+    # Between nodes that fit a cell equally well, prefer one that already loaded its model in this
+    # run (the weights are still in its page cache): the warm-up knob.
+    prefer_warm_nodes: bool = True
+    # How long a cell may wait while no node of the cluster could ever hold it (nodes died, or an
+    # autoscaler has not added them yet) before it is `error`.
+    wait_for_nodes_s: Annotated[float, Field(gt=0)] = 600.0
 
 
 class DatasetSpec(Strict):

@@ -23,6 +23,9 @@ class LaunchSpec:
     startup_timeout_s: float
     env: dict[str, str] = field(default_factory=dict)
     stop_grace_s: float = 30.0
+    # The GPUs the scheduler gave the cell, as the node numbers them; None: whatever the caller's
+    # CUDA_VISIBLE_DEVICES says (a single-cell `regress eval`).
+    devices: tuple[str, ...] | None = None
 
     def argv(self, port: int, nccl_port: int) -> list[str]:
         """`<python> -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
@@ -36,8 +39,10 @@ class LaunchSpec:
         return argv + list(self.cell.flags) + list(model.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """Variables added to the inherited environment: the suite's, then the model's."""
-        return {**self.env, **self.cell.model.env}
+        """Variables added to the inherited environment: the suite's, then the model's, then the
+        cell's GPUs (the scheduler's choice wins over anything inherited)."""
+        devices = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices is not None else {}
+        return {**self.env, **self.cell.model.env, **devices}
 
 
 def default_python(configured: str | None) -> str:

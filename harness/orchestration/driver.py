@@ -37,7 +37,10 @@ from harness.gsm8k.evaluator import EvalSettings, score
 from harness.gsm8k.protocol import ProtocolPlan
 from harness.matrix import Cell, Matrix
 from harness.orchestration.cluster import engine_env
-from harness.orchestration.worker import CellJob, CellWorker
+from harness.orchestration.estimates import Durations
+from harness.orchestration.packing import Packer, Placement, priority_order
+from harness.orchestration.slots import Slot, SlotPool
+from harness.orchestration.worker import CellJob
 from harness.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
 from harness.report import print_summary
 from harness.store import ResultsStore, new_run_id
@@ -60,13 +63,12 @@ class RunOptions:
 
 
 @dataclass
-class _Live:
+class _Running:
     cell: Cell
-    actor: Any
-    where_ref: Any  # None for a worker handed over from a finished cell (it is already running)
+    placement: Placement
+    slots: list[Slot]  # the first leads: the server runs in its process
     run_ref: Any
     attempt: int
-    running: bool = False
 
 
 class _FailFast(BaseException):
@@ -112,6 +114,7 @@ class Driver:
         self.queued_at: dict[str, float] = {}
         self.history: ResultsStore | None = None
         self.history_cells: dict[str, CellResult] = {}
+        self.durations = Durations()
         self.stop_signal: int | None = None  # SIGTERM or SIGINT received: stop at the next check
 
     # ---- setup -------------------------------------------------------------------------------
@@ -171,6 +174,7 @@ class Driver:
         store.write_run(info)
         self.history = self._find_history(info.run_id)
         self.history_cells = {c.cell_id: c for c in self.history.cells()} if self.history else {}
+        self.durations = Durations(list(self.history_cells.values()))
         tracker = Tracker(self.options.tracking_uri) if self.options.tracking_uri else None
         if tracker is not None:
             params = {"suite": self.suite.suite, "engine": self.suite.engine, "protocol": self.plan.name,
@@ -213,23 +217,9 @@ class Driver:
         return self._close(store, info, tracker, interrupted)
 
     def order(self, cells: list[Cell]) -> list[Cell]:
-        """Reference cells first (they feed the paired tests), then cells that failed last time (a PR
-        learns its verdict sooner), then the longest expected first (learned from the last run)."""
-        def duration(cell: Cell) -> float:
-            previous = self.history_cells.get(cell.cell_id)
-            return previous.timings.total_s - previous.timings.queued_s if previous else 0.0
-
-        known = [duration(c) for c in cells if duration(c) > 0]
-        # Unknown cells count as average length, so wider cells (more GPUs) go first: a tp-8 cell
-        # needs a whole node and would starve behind narrower ones.
-        default = sum(known) / len(known) if known else 1.0
-
-        def key(cell: Cell) -> tuple[bool, bool, float]:
-            previous = self.history_cells.get(cell.cell_id)
-            failed = previous is not None and previous.status.is_regression
-            return (not cell.is_reference, not failed, -(duration(cell) or default) * cell.gpus)
-
-        return sorted(cells, key=key)
+        """The queue's priority order (see `packing.priority_order`)."""
+        failed = {cell_id for cell_id, result in self.history_cells.items() if result.status.is_regression}
+        return priority_order(cells, self.durations, failed)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only a flag: an exception raised here could surface inside Ray's C++ wait as a
@@ -244,94 +234,104 @@ class Driver:
             return None
         return EarlyStop(cell.model.floor, len(self.plan.prompts), gate.early_stop_alpha, gate.extraction)
 
-    def _submit(self, cell: Cell, plan_ref: Any, attempt: int) -> _Live:
-        options: dict[str, Any] = {"num_gpus": cell.gpus}
-        if self.suite.cluster.runtime_env:
-            # Per actor as well as per job, so a connected cluster and a bisect probe get this build.
-            options["runtime_env"] = self.suite.cluster.runtime_env
-        if cell.model.gpu_type:
-            options["accelerator_type"] = cell.model.gpu_type
-        actor = CellWorker.options(**options).remote()
-        self.queued_at.setdefault(cell.cell_id, time.time())
-        job = CellJob(spec=self._launch_spec(cell), settings=self._settings(), queued_at=self.queued_at[cell.cell_id],
-                      stall_timeout_s=self.suite.stall_timeout_s, early_stop=self._early_stop(cell))
-        return _Live(cell, actor, actor.where.remote(), actor.run.remote(job, plan_ref), attempt)
+    def _job(self, cell: Cell, devices: tuple[str, ...]) -> CellJob:
+        return CellJob(spec=replace(self._launch_spec(cell), devices=devices), settings=self._settings(),
+                       queued_at=self.queued_at[cell.cell_id], stall_timeout_s=self.suite.stall_timeout_s,
+                       early_stop=self._early_stop(cell))
 
     def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None,
                   plan: ProtocolPlan | None = None,
                   on_outcome: Callable[[Cell, CellOutcome, str, Console], None] | None = None,
                   label: str | None = None) -> None:
-        """Run `todo` on Ray; each outcome goes to `on_outcome` (default: gate it and write it)."""
+        """Run `todo` (in priority order) on GPUs this pass holds through slots; each outcome goes
+        to `on_outcome` (default: gate it and write it)."""
         if not todo:
             return
         plan_ref = ray.put(plan or self.plan)
         if on_outcome is None:
             def on_outcome(cell: Cell, outcome: CellOutcome, log: str, console: Console) -> None:
                 self._gate_when_ready(cell, outcome, log, store, tracker, console)
-        live: dict[Any, _Live] = {}
-        order = {cell.cell_id: position for position, cell in enumerate(todo)}
+        rank = {cell.cell_id: position for position, cell in enumerate(todo)}
         for cell in todo:
-            entry = self._submit(cell, plan_ref, 1)
-            live[entry.where_ref] = live[entry.run_ref] = entry
+            self.queued_at.setdefault(cell.cell_id, time.time())
+        queue, attempts = list(todo), dict.fromkeys(rank, 1)
+        homeless_since: dict[str, float] = {}
+        packer = Packer(self.durations, prefer_warm=self.suite.cluster.prefer_warm_nodes)
+        pool = SlotPool(packer, self.suite.cluster.runtime_env or None)
+        running: dict[Any, _Running] = {}
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,
                             disable=self.options.quiet, transient=False)
         task = progress.add_task(label or self.suite.suite, total=len(todo), state="")
-        done = 0
+
+        def finish(cell: Cell, outcome: CellOutcome, log: str) -> None:
+            progress.advance(task)
+            on_outcome(cell, outcome, log, progress.console)
+
         try:
             with progress:
-                while live:
+                pool.grow(queue, force=True)
+                while queue or running:
                     if self.stop_signal is not None:
                         raise _Interrupted()
-                    running = len({id(e) for e in live.values() if e.running})
-                    waiting = len({id(e) for e in live.values()}) - running
-                    progress.update(task, state=f"queued {waiting} · running {running} · done {done}")
-                    ready, _ = ray.wait(list(live), num_returns=1, timeout=0.5)
+                    pool.grow(queue)
+                    for placement in packer.place(queue, time.time()):
+                        queue.remove(placement.cell)
+                        entry = self._start(placement, pool, attempts[placement.cell.cell_id], plan_ref)
+                        running[entry.run_ref] = entry
+                    for cell in self._homeless(queue, packer, homeless_since):
+                        queue.remove(cell)
+                        finish(cell, CellOutcome(cell_id=cell.cell_id, args=[], error=(
+                            f"no node of the cluster could hold it ({cell.gpus} GPU(s)"
+                            f"{', ' + cell.model.gpu_type if cell.model.gpu_type else ''}) for "
+                            f"{self.suite.cluster.wait_for_nodes_s:.0f} s (cluster.wait_for_nodes_s)")), "")
+                    if not queue:
+                        pool.shrink()  # nothing waits: give idle GPUs back to the cluster
+                    busy = sum(len(e.placement.gpus) for e in running.values())
+                    progress.update(task, state=f"queued {len(queue)} · running {len(running)} · "
+                                                f"GPUs busy {busy}/{busy + len(packer.idle())}")
+                    ready, _ = ray.wait([*running, *pool.refs()], num_returns=1, timeout=0.5)
                     for ref in ready:
-                        entry = live.pop(ref)
-                        if ref is entry.where_ref:
-                            with contextlib.suppress(RayError):
-                                ray.get(ref)
-                                entry.running = True
+                        if ref not in running:
+                            lost = pool.handle(ref)
+                            leader = next((e for e in running.values() if e.cell.cell_id == lost), None)
+                            if leader is not None:  # a GPU of a running cell is gone: stop the cell, retry it
+                                with contextlib.suppress(Exception):
+                                    ray.kill(leader.slots[0].actor)
                             continue
-                        live.pop(entry.where_ref, None)
-                        outcome, log = self._collect(entry)
-                        if outcome is None:  # worker died: retry once on a fresh actor
-                            retry = self._submit(entry.cell, plan_ref, entry.attempt + 1)
-                            live[retry.where_ref] = live[retry.run_ref] = retry
+                        entry = running.pop(ref)
+                        outcome, log = self._collect(entry, pool, packer)
+                        if outcome is None:  # its worker died: retry once, in its place in the queue
+                            attempts[entry.cell.cell_id] += 1
+                            queue.insert(sum(rank[c.cell_id] < rank[entry.cell.cell_id] for c in queue), entry.cell)
                             continue
-                        done += 1
-                        progress.advance(task)
-                        if not (self.suite.cluster.reuse_workers and self._hand_over(entry, live, plan_ref, order)):
-                            with contextlib.suppress(Exception):
-                                ray.kill(entry.actor)
-                        on_outcome(entry.cell, outcome, log, progress.console)
+                        if outcome.timings.started_at is not None and outcome.timings.ended_at is not None:
+                            self.durations.learn(entry.cell, outcome.timings.ended_at - outcome.timings.started_at,
+                                                 outcome.stopped_early is not None)
+                        finish(entry.cell, outcome, log)
         finally:
-            for entry in {id(e): e for e in live.values()}.values():
-                with contextlib.suppress(Exception):
-                    ray.kill(entry.actor)
+            pool.close()
 
-    def _hand_over(self, finished: _Live, live: dict[Any, _Live], plan_ref: Any, order: dict[str, int]) -> bool:
-        """Give a finished worker (its node and GPUs) to the next waiting cell of the same width,
-        same model first (its weights are in the node's page cache), instead of starting a new
-        worker process; the waiting cell's own actor, not placed yet, is cancelled."""
-        waiting = [e for e in {id(e): e for e in live.values()}.values()
-                   if not e.running and e.cell.gpus == finished.cell.gpus
-                   and e.cell.model.gpu_type == finished.cell.model.gpu_type]
-        if not waiting:
-            return False
-        chosen = min(waiting, key=lambda e: (e.cell.model.id != finished.cell.model.id, order[e.cell.cell_id]))
-        live.pop(chosen.where_ref, None)
-        live.pop(chosen.run_ref, None)
-        with contextlib.suppress(Exception):
-            ray.kill(chosen.actor)
-        job = CellJob(spec=self._launch_spec(chosen.cell), settings=self._settings(),
-                      queued_at=self.queued_at[chosen.cell.cell_id], stall_timeout_s=self.suite.stall_timeout_s,
-                      early_stop=self._early_stop(chosen.cell))
-        handed = _Live(chosen.cell, finished.actor, None, finished.actor.run.remote(job, plan_ref), chosen.attempt,
-                       running=True)
-        live[handed.run_ref] = handed
-        return True
+    def _start(self, placement: Placement, pool: SlotPool, attempt: int, plan_ref: Any) -> _Running:
+        """Run the placed cell in the slot of its first GPU, with CUDA_VISIBLE_DEVICES naming all."""
+        slots = [pool.slot_for(placement.node, gpu) for gpu in placement.gpus]
+        assert all(slots), "the packer placed a cell on a GPU without a slot"
+        for slot in slots:
+            slot.cell = placement.cell.cell_id
+        run_ref = slots[0].actor.run.remote(self._job(placement.cell, placement.gpus), plan_ref)
+        return _Running(placement.cell, placement, slots, run_ref, attempt)
+
+    def _homeless(self, queue: list[Cell], packer: Packer, since: dict[str, float]) -> list[Cell]:
+        """Waiting cells that no node could hold for `cluster.wait_for_nodes_s` (nodes died or
+        never joined)."""
+        now = time.monotonic()
+        expired = []
+        for cell in queue:
+            if packer.could_hold(cell):
+                since.pop(cell.cell_id, None)
+            elif now - since.setdefault(cell.cell_id, now) >= self.suite.cluster.wait_for_nodes_s:
+                expired.append(cell)
+        return expired
 
     def _extend(self, store: ResultsStore, tracker: Tracker | None) -> None:
         """Ask `inconclusive` cells (and their references) more questions from the train split,
@@ -365,20 +365,28 @@ class Driver:
             self._finalise(cell, self.finished[cell.cell_id], "", store, tracker, console=self.console,
                            note="extended to {n} questions; ")
 
-    def _collect(self, entry: _Live) -> tuple[CellOutcome | None, str]:
+    def _collect(self, entry: _Running, pool: SlotPool, packer: Packer) -> tuple[CellOutcome | None, str]:
+        """The cell's outcome, with its GPUs released; None when its worker died and it may be retried."""
         try:
             outcome, log = ray.get(entry.run_ref)
         except RayActorError as error:
-            with contextlib.suppress(Exception):
-                ray.kill(entry.actor)
-            if entry.attempt <= WORKER_RETRIES:
-                return None, ""
-            reason = f"the Ray worker died twice ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-            return CellOutcome(cell_id=entry.cell.cell_id, args=[], error=reason), ""
+            pool.discard(entry.slots[0])
+            outcome, log = None, ""
+            if entry.attempt > WORKER_RETRIES:
+                reason = f"the Ray worker died twice ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+                outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[], error=reason)
         except RayError as error:
             outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[],
                                   error=f"worker failed: {type(error).__name__}: {str(error)[:300]}")
             log = ""
+        released = packer.release(entry.cell.cell_id)
+        for slot in entry.slots:
+            slot.cell = None
+        if released is not None:
+            node, gpus = released
+            for gpu in gpus:  # GPUs whose slot died with the cell are no longer ours
+                if pool.slot_for(node, gpu) is None:
+                    packer.remove_gpu(node, gpu)
         return outcome, log
 
     def _gate_when_ready(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore,

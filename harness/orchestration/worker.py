@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,8 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
     cell = job.spec.cell
     log_path = log_dir / f"{cell.cell_id}.log"
     server = ServerProcess(job.spec, log_path)
-    info = ServerInfo(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), node=node_id())
+    devices = ",".join(job.spec.devices) if job.spec.devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    info = ServerInfo(cuda_visible_devices=devices, node=node_id())
     timings: dict[str, float] = {"queued_s": max(0.0, started - job.queued_at), "started_at": started}
     try:
         async with server:
@@ -107,12 +109,23 @@ def node_id() -> str:
         return socket.gethostname()
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
-class CellWorker:
-    """One actor per cell, holding `num_gpus = tp` GPUs on one node for the server's lifetime."""
+@ray.remote(num_cpus=0, num_gpus=1, max_restarts=0, max_concurrency=3)
+class GpuSlot:
+    """Holds one GPU for the driver from the moment Ray places it until the driver lets it go, so
+    cells start without waiting for a worker process, on GPUs the driver chose (see `packing`).
+
+    A tp-k cell runs in one of its k slots (the leader) with CUDA_VISIBLE_DEVICES naming all k;
+    the other k-1 hold their GPUs idle meanwhile. The server is the leader's child and carries a
+    parent-death signal, so killing the leader kills the server: one dead slot costs one cell.
+    Threads: `run` in one, `vigil` in another (the thread that started a server lives as long as
+    the actor, which is what PR_SET_PDEATHSIG watches)."""
 
     def where(self) -> dict[str, str | None]:
-        return {"node": node_id(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {"node": node_id(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def vigil(self) -> None:
+        """Never returns: the driver waits on it to learn at once that an idle slot died."""
+        threading.Event().wait()
 
     def run(self, job: CellJob, plan: ProtocolPlan) -> tuple[CellOutcome, str]:
         with tempfile.TemporaryDirectory(prefix="regress-cell-") as log_dir:

@@ -1,0 +1,186 @@
+"""Which waiting cell runs next, on which node and which GPUs (pure: no Ray, no clock).
+
+The driver holds every GPU it schedules on through one slot actor per GPU (see `slots`), so it
+knows which GPUs are idle on which node and places cells itself instead of leaving the order to
+Ray, which starts pending actors in no particular order and lets narrow cells fragment the node
+a tp-8 cell is waiting for. The policy:
+
+- the queue is in priority order (`priority_order`): references, recent failures, longest first;
+- a cell that fits goes to the node it fills best (fewest GPUs left idle), then to a node that
+  has already loaded its model (the weights are in that node's page cache), then the first node;
+- the first cell that fits nowhere reserves the node where it will fit soonest, judged by the
+  expected ends of the cells running there; a later cell may use that node only if it is expected
+  to end before then, or if it fits in GPUs the reserved cell will not need (EASY backfilling);
+- within a node a tp-k cell takes an aligned block of k GPUs when one is idle (0-3, 4-7, ...),
+  which keeps blocks whole for the next wide cell and matches how GPUs share switches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.matrix import Cell
+from harness.orchestration.estimates import Durations
+
+
+@dataclass(frozen=True)
+class Placement:
+    cell: Cell
+    node: str
+    gpus: tuple[str, ...]
+
+
+@dataclass
+class _Node:
+    node_id: str
+    rank: int
+    declared: int  # GPUs the node has; slots not placed yet count only towards reservations
+    types: frozenset[str]
+    idle: set[str] = field(default_factory=set)
+    busy: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)  # cell -> (GPUs, expected end)
+    models: set[str] = field(default_factory=set)
+
+    def held(self) -> int:
+        return sum(len(gpus) for gpus, _ in self.busy.values())
+
+
+@dataclass
+class _Reservation:
+    node: _Node
+    shadow: float  # when the reserved cell is expected to fit (inf: unknown)
+    extra: int  # GPUs idle at that time that the reserved cell will not need
+
+
+def priority_order(cells: list[Cell], durations: Durations, failed_before: set[str]) -> list[Cell]:
+    """Reference cells first (they feed the paired tests), then cells that failed last time (a PR
+    learns its verdict sooner), then the longest expected GPU-time first. Cells nothing is known
+    of count as the typical duration, so wider cells go first."""
+    typical = durations.typical() or 1.0
+
+    def key(cell: Cell) -> tuple[bool, bool, float, str]:
+        expected = durations.expect(cell) or typical
+        return (not cell.is_reference, cell.cell_id not in failed_before, -expected * cell.gpus, cell.cell_id)
+
+    return sorted(cells, key=key)
+
+
+def pick_gpus(idle: set[str], count: int) -> tuple[str, ...]:
+    """`count` of the idle GPU ids: an aligned block (0-3, 4-7; 0-1, 2-3, ...) when one is idle."""
+    ordered = sorted(idle, key=lambda gpu: (not gpu.isdigit(), int(gpu) if gpu.isdigit() else 0, gpu))
+    numbers = {int(gpu) for gpu in idle if gpu.isdigit()}
+    if count > 0 and count & (count - 1) == 0:  # a power of two: look for an aligned block
+        for start in range(0, max(numbers, default=-1) + 1, count):
+            if all(start + offset in numbers for offset in range(count)):
+                return tuple(str(start + offset) for offset in range(count))
+    return tuple(ordered[:count])
+
+
+class Packer:
+    """The driver's view of the GPUs it holds, and the placement policy over them."""
+
+    def __init__(self, durations: Durations, prefer_warm: bool = True) -> None:
+        self.durations = durations
+        self.prefer_warm = prefer_warm
+        self.nodes: dict[str, _Node] = {}
+
+    # ---- what the cluster gives ---------------------------------------------------------------------
+    def add_node(self, node_id: str, declared: int, types: frozenset[str] = frozenset()) -> None:
+        """A node with `declared` GPUs of `types` (Ray's accelerator types, e.g. "H100")."""
+        if node_id not in self.nodes:
+            self.nodes[node_id] = _Node(node_id, len(self.nodes), declared, types)
+
+    def add_gpu(self, node_id: str, gpu: str) -> None:
+        """A slot on this GPU is placed and idle."""
+        self.nodes[node_id].idle.add(gpu)
+
+    def remove_gpu(self, node_id: str, gpu: str) -> None:
+        """The GPU's slot is gone (died, or given back to the cluster)."""
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.idle.discard(gpu)
+
+    def remove_node(self, node_id: str) -> None:
+        """The node left the cluster (cells still running there keep it until they are released)."""
+        node = self.nodes.get(node_id)
+        if node is not None and not node.busy:
+            del self.nodes[node_id]
+
+    def could_hold(self, cell: Cell) -> bool:
+        """Some known node is wide enough and of the right type, now or once its slots are placed."""
+        return any(max(n.declared, len(n.idle) + n.held()) >= cell.gpus for n in self._eligible(cell))
+
+    def idle(self) -> list[tuple[str, str]]:
+        return [(node.node_id, gpu) for node in self.nodes.values() for gpu in node.idle]
+
+    # ---- placing ---------------------------------------------------------------------------------------
+    def place(self, queue: list[Cell], now: float) -> list[Placement]:
+        """Start what can start now, in queue order; each placement is marked busy at once."""
+        placements: list[Placement] = []
+        reservation: _Reservation | None = None
+        for cell in queue:
+            eligible = self._eligible(cell)
+            fitting = [n for n in eligible if len(n.idle) >= cell.gpus and self._may_use(n, cell, now, reservation)]
+            if fitting:
+                node = min(fitting, key=lambda n: (len(n.idle) - cell.gpus,
+                                                   self.prefer_warm and cell.model.id not in n.models, n.rank))
+                if reservation is not None and node is reservation.node and not self._ends_before(cell, now, reservation):
+                    reservation.extra -= cell.gpus
+                placements.append(self._start(cell, node, now))
+            elif reservation is None:
+                reservation = self._reserve(eligible, cell, now)
+        return placements
+
+    def release(self, cell_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """A cell stopped: its GPUs are idle again. Returns (node, GPUs) it held."""
+        for node in self.nodes.values():
+            if cell_id in node.busy:
+                gpus, _ = node.busy.pop(cell_id)
+                node.idle.update(gpus)
+                return node.node_id, gpus
+        return None
+
+    def running_on(self, node_id: str) -> list[str]:
+        node = self.nodes.get(node_id)
+        return list(node.busy) if node else []
+
+    def _eligible(self, cell: Cell) -> list[_Node]:
+        return [n for n in self.nodes.values() if not cell.model.gpu_type or cell.model.gpu_type in n.types]
+
+    def _expected_end(self, cell: Cell, now: float) -> float:
+        expected = self.durations.expect(cell) or self.durations.typical()
+        return now + expected if expected is not None else math.inf
+
+    def _ends_before(self, cell: Cell, now: float, reservation: _Reservation) -> bool:
+        expected = self.durations.expect(cell)
+        return expected is not None and now + expected <= reservation.shadow
+
+    def _may_use(self, node: _Node, cell: Cell, now: float, reservation: _Reservation | None) -> bool:
+        if reservation is None or node is not reservation.node:
+            return True
+        return self._ends_before(cell, now, reservation) or cell.gpus <= reservation.extra
+
+    def _start(self, cell: Cell, node: _Node, now: float) -> Placement:
+        gpus = pick_gpus(node.idle, cell.gpus)
+        node.idle.difference_update(gpus)
+        node.busy[cell.cell_id] = (gpus, self._expected_end(cell, now))
+        node.models.add(cell.model.id)
+        return Placement(cell, node.node_id, gpus)
+
+    def _reserve(self, eligible: list[_Node], cell: Cell, now: float) -> _Reservation | None:
+        """The node where `cell` fits soonest, with what will be left over there."""
+        best: tuple[tuple[float, int, int], _Reservation] | None = None
+        for node in eligible:
+            if max(node.declared, len(node.idle) + node.held()) < cell.gpus:
+                continue
+            available, shadow = len(node.idle), now
+            for gpus, end in sorted(node.busy.values(), key=lambda item: item[1]):
+                if available >= cell.gpus:
+                    break
+                available, shadow = available + len(gpus), max(shadow, end)
+            if available < cell.gpus:  # slots still being placed: when is unknown
+                available, shadow = max(node.declared, available), math.inf
+            key = (shadow, -len(node.idle), node.rank)
+            if best is None or key < best[0]:
+                best = (key, _Reservation(node, shadow, available - cell.gpus))
+        return best[1] if best else None
