@@ -125,7 +125,7 @@ class ServerProcess:
                 self.startup_s = time.monotonic() - started
                 return
             except ServerError as error:
-                in_use = any(marker in error.log_tail.lower() for marker in _ADDRESS_IN_USE)
+                in_use = isinstance(error, _PortTaken) or any(m in error.log_tail.lower() for m in _ADDRESS_IN_USE)
                 if not in_use or attempt == self.port_attempts:
                     raise
                 self.stop()
@@ -145,8 +145,15 @@ class ServerProcess:
                                       log_tail=tail(self.log_path))
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with session.get(self.base_url + "/health_generate") as response:
-                        if response.status == 200:
-                            return
+                        answered = response.status == 200
+                    if answered:
+                        # Two servers on a node can pick the same free port; the one that binds
+                        # second (sglang binds after loading the model) would be judged by the
+                        # answers of the first. Only our own process group counts.
+                        if listens_on(self.process.pid, self.port) is False:
+                            raise _PortTaken(f"port {self.port} is answered by another process",
+                                             log_tail=tail(self.log_path))
+                        return
                 if time.monotonic() > deadline:
                     raise ServerError(f"server not ready after {self.spec.startup_timeout_s:.0f} s "
                                       "(startup_timeout_s); it is still running, so it was stopped",
@@ -226,6 +233,34 @@ class ServerProcess:
             time.sleep(0.05)
         self.leftover_pids = group_members(group)
         self.process = None
+
+
+class _PortTaken(ServerError):
+    """Another process answers on the port this server was given."""
+
+
+def listens_on(group: int, port: int) -> bool | None:
+    """Whether a process of `group` holds the listening socket of TCP `port` (read from /proc);
+    None when that cannot be told (no /proc, or the socket is not visible to us)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for pid in group_members(group):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                        return True
+    return False
 
 
 def group_members(group: int) -> list[int]:

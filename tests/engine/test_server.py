@@ -135,3 +135,44 @@ def test_address_in_use_retries_on_another_port(tmp_path, monkeypatch):
     finally:
         blocker.close()
     assert "address already in use" in (tmp_path / "s.log").read_text().lower()
+
+
+def test_a_port_answered_by_another_server_is_not_taken_for_ours(tmp_path, monkeypatch):
+    """Two servers on a node picked the same port: ours (still loading, like sglang, which binds
+    after the model is loaded) must not be judged by the other's answers."""
+    import http.server
+    import threading
+
+    import yaml
+
+    from harness.engine import server as server_module
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    taken = other.server_address[1]
+    world = yaml.safe_load((ROOT / "configs" / "sim" / "incident.yaml").read_text())
+    world["models"][CELL.model.path]["startup_s"] = 1.0
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    ports = iter([taken])
+    real = server_module.free_port
+    monkeypatch.setattr(server_module, "free_port", lambda host="127.0.0.1": next(ports, None) or real())
+    server = ServerProcess(sim_spec(CELL, tmp_path / "world.yaml"), tmp_path / "s.log")
+
+    async def scenario():
+        async with server:
+            assert server_module.listens_on(server.process.pid, server.port) is True
+            return server.port, await server.server_info()
+
+    try:
+        port, info = run(scenario())
+    finally:
+        other.shutdown()
+    assert port != taken and info["attention_backend"] == "triton"
