@@ -2,7 +2,8 @@
 Ray cluster (ray.cluster_utils.Cluster), with 48 cells of tp 1/2/4/8 whose startup and evaluation
 times are drawn from realistic ranges scaled down to seconds?
 
-Prints makespan / lower bound (lower bound = max(GPU-seconds / 16 GPUs, the longest cell)), GPU
+Runs the suite twice (the second run learns durations from the first, as a nightly does) and
+prints for each: makespan / lower bound (lower bound = max(GPU-seconds / 16 GPUs, the longest cell)), GPU
 utilisation, the evaluation GPU-seconds early stop saves on each incident cell, and the makespan a
 static longest-first partition across the two nodes (the way sglang's CI splits suites) would have
 had with the same measured cell durations.
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import logging
+import os
 import random
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from tests.helpers import INCIDENT_WORLD  # noqa: E402
 
 TPS = [1, 1, 2, 2, 4, 4, 8, 8]
 GPUS_PER_NODE, NODES = 8, 2
+QUESTIONS = 320
 
 
 def setup(folder: Path) -> Path:
@@ -44,14 +46,14 @@ def setup(folder: Path) -> Path:
     models = []
     for number, tp in enumerate(TPS):
         path = f"example/model-{number}-tp{tp}"
-        # Load 1-4 s (minutes on real nodes), 5 request waves of 0.3-1.2 s (the evaluation): the
-        # first answers arrive after one wave, as with 1,319 questions and 256 in flight.
+        # Load 1-4 s (minutes on real nodes), 10 request waves of 0.15-0.6 s (the evaluation): the
+        # first 20 answers arrive within the first wave, as with 1,319 questions and 128 in flight.
         world["models"][path] = {"accuracy": 0.9, "kind": "mla", "startup_s": round(rng.uniform(1, 4), 2),
-                                 "base_s": round(rng.uniform(0.3, 1.2), 2)}
+                                 "base_s": round(rng.uniform(0.15, 0.6), 2)}
         models.append({"id": f"m{number}-tp{tp}", "path": path, "tp": tp, "floor": 0.8})
     (folder / "world.yaml").write_text(yaml.safe_dump(world))
-    suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": 160,
-             "concurrency": 32, "stop_grace_s": 1, "models": models,
+    suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": QUESTIONS,
+             "concurrency": QUESTIONS // 10, "stop_grace_s": 1, "models": models,
              "axes": {"attention_backend": ["triton", "fa3", "flashinfer"], "unified_memory": ["off", "on"],
                       "radix_cache": ["on"]}, "gate": {"min_effect": 0.3}}
     (folder / "sched.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
@@ -91,37 +93,31 @@ def idle_breakdown(cells: list[dict], start: float, end: float) -> dict[str, flo
         spans.sort()
         totals["before first"] += spans[0][0] - start
         totals["after last"] += end - spans[-1][1]
-        totals["between cells"] += sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+        totals["between cells"] += sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:], strict=False))
     totals["GPUs never used"] = (GPUS_PER_NODE * NODES - len(per_gpu)) * (end - start)
     return totals
 
 
-def main() -> None:
-    os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
-    with tempfile.TemporaryDirectory() as folder:
-        folder = os.environ.get("KEEP", folder)
-        suite = setup(Path(folder))
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-        for _ in range(NODES):
-            cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
-        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
-        try:
-            CliRunner().invoke(app, ["run", str(suite), "--results-dir", str(Path(folder) / "results"), "--quiet",
-                                     "--no-tracking"], catch_exceptions=False)
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
-        lines = next((Path(folder) / "results").glob("sched-*/cells.jsonl")).read_text().splitlines()
-    cells = [json.loads(line) for line in lines]
-    tp = {m: t for m, t in zip([f"m{i}-tp{t}" for i, t in enumerate(TPS)], TPS, strict=True)}
+def run_once(suite: Path, results: Path, *options: str) -> list[dict]:
+    """One `regress run` of the suite; the cells of the run it wrote, with GPUs and durations."""
+    before = set(results.glob("sched-*"))
+    CliRunner().invoke(app, ["run", str(suite), "--results-dir", str(results), "--quiet", "--no-tracking", *options],
+                       catch_exceptions=False)
+    (run_dir,) = set(results.glob("sched-*")) - before
+    cells = [json.loads(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()]
+    tp = {f"m{number}-tp{width}": width for number, width in enumerate(TPS)}
     for cell in cells:
         cell["gpus"] = tp[cell["model"]]
         cell["duration"] = cell["timings"]["ended_at"] - cell["timings"]["started_at"]
+    return cells
+
+
+def report(title: str, cells: list[dict]) -> None:
     start = min(c["timings"]["started_at"] for c in cells)
     makespan = max(c["timings"]["ended_at"] for c in cells) - start
     gpu_seconds = sum(c["gpus"] * c["duration"] for c in cells)
     bound = max(gpu_seconds / (GPUS_PER_NODE * NODES), max(c["duration"] for c in cells))
-    print(f"{len(cells)} cells on {NODES} nodes x {GPUS_PER_NODE} GPUs; statuses: "
+    print(f"== {title}: {len(cells)} cells on {NODES} nodes x {GPUS_PER_NODE} GPUs; statuses: "
           f"{sorted({c['status'] for c in cells})}")
     print(f"makespan {makespan:.1f} s, lower bound {bound:.1f} s: makespan / lower bound = {makespan / bound:.2f}")
     print(f"GPU utilisation: {gpu_seconds / (GPUS_PER_NODE * NODES * makespan):.1%}")
@@ -130,18 +126,45 @@ def main() -> None:
     static = static_partition_makespan(cells)
     print(f"static longest-first partition across nodes, same durations: {static:.1f} s "
           f"({static / bound:.2f} x lower bound)")
-    healthy_eval = {}
-    for cell in cells:
-        if not cell["stopped_early"]:
-            healthy_eval.setdefault(cell["model"], []).append(cell["timings"]["eval_s"])
-    savings = []
-    for cell in cells:
-        if cell["stopped_early"]:
-            full = sum(healthy_eval[cell["model"]]) / len(healthy_eval[cell["model"]])
-            savings.append(1 - cell["timings"]["eval_s"] / full)
-    if savings:
-        print(f"early stop: {len(savings)} incident cells; evaluation GPU-seconds saved per cell: "
-              f"min {min(savings):.0%}, median {sorted(savings)[len(savings) // 2]:.0%}")
+
+
+def report_early_stop(stopped: list[dict], full: list[dict]) -> None:
+    """Evaluation seconds of each incident cell stopped early, against the same cell run to the end
+    with early stop off (a broken model rambles to max_tokens, so healthy cells' pace would flatter)."""
+    to_the_end = {cell["cell_id"]: cell["timings"]["eval_s"] for cell in full}
+    savings = sorted((1 - cell["timings"]["eval_s"] / to_the_end[cell["cell_id"]], cell["cell_id"], cell["n"],
+                      cell["timings"]["eval_s"], to_the_end[cell["cell_id"]]) for cell in stopped)
+    print(f"== early stop: {len(savings)} incident cells, each also run to the end with early stop off")
+    for saved, cell_id, n, eval_s, whole in savings:
+        print(f"  {cell_id:38s} stopped after {n:3d} questions: {eval_s:5.1f} s instead of {whole:5.1f} s, "
+              f"{saved:.0%} of its evaluation GPU-seconds saved")
+    print(f"saved per incident cell: min {savings[0][0]:.0%}, median {savings[len(savings) // 2][0]:.0%}")
+
+
+def main() -> None:
+    os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
+    with tempfile.TemporaryDirectory() as folder:
+        suite = setup(Path(folder))
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+        for _ in range(NODES):
+            cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
+        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+        try:
+            first = run_once(suite, Path(folder) / "results")
+            second = run_once(suite, Path(folder) / "results")
+            stopped = [cell for cell in second if cell["stopped_early"]]
+            (Path(folder) / "incident-cells.txt").write_text("".join(c["cell_id"] + "\n" for c in stopped))
+            full_suite = yaml.safe_load(suite.read_text())
+            full_suite["gate"]["early_stop_alpha"] = 0
+            (Path(folder) / "full.yaml").write_text(yaml.safe_dump(full_suite, sort_keys=False))
+            full = run_once(Path(folder) / "full.yaml", Path(folder) / "results",
+                            "--cells", str(Path(folder) / "incident-cells.txt"))
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+    report("first run (no durations known)", first)
+    report("next run (durations learned from the first, as every nightly after the first)", second)
+    report_early_stop(stopped, full)
 
 
 if __name__ == "__main__":

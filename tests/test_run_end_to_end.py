@@ -195,6 +195,7 @@ def test_order_puts_references_then_recent_failures_then_longest_first(tmp_path)
     from harness.config import load_suite
     from harness.matrix import expand
     from harness.orchestration.driver import Driver, RunOptions
+    from harness.orchestration.estimates import Durations
     from harness.records import Status, Timings
 
     loaded = load_suite(ROOT / "configs" / "demo.yaml")
@@ -206,6 +207,7 @@ def test_order_puts_references_then_recent_failures_then_longest_first(tmp_path)
                            reason="", timings=Timings(total_s=5)),
         slow: CellResult(cell_id=slow, model="kimi-linear", factors={}, args=[], resolved={}, status=Status.PASS,
                          reason="", timings=Timings(total_s=500))}
+    driver.durations = Durations(list(driver.history_cells.values()))
     order = [c.cell_id for c in driver.order(list(matrix.cells))]
     assert order[:2] == ["kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"]
     assert order[2] == failed and order[3] == slow

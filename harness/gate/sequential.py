@@ -9,7 +9,8 @@ looks happen: the test is valid at any look, not only at the end. A cell at 0.15
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 from harness.gate.stats import below_floor_p
 from harness.records import QuestionRecord
@@ -25,22 +26,49 @@ def looks(total: int) -> list[int]:
     return points
 
 
+@functools.lru_cache(maxsize=256)
+def stop_thresholds(floor: float, total: int, alpha: float) -> tuple[tuple[int, int], ...]:
+    """(look, most correct answers that still reject the floor there; -1: none) for every look.
+    The exact test is monotone in the count, so a bisection per look finds it."""
+    points = looks(total)
+    thresholds = []
+    for n in points:
+        low, high = -1, n  # below_floor_p(low) < level <= below_floor_p(high + 1), in effect
+        while low < high:
+            middle = (low + high + 1) // 2
+            if below_floor_p(middle, n, floor) < alpha / len(points):
+                low = middle
+            else:
+                high = middle - 1
+        thresholds.append((n, low))
+    return tuple(thresholds)
+
+
 @dataclass(frozen=True)
 class EarlyStop:
+    """The sequential test of one cell. Built where scipy is loaded (the driver), it carries its
+    critical counts, so checking it where the cell runs is a comparison of integers."""
+
     floor: float
     total: int
     alpha: float = 0.001
     extraction: str = "flexible"
+    thresholds: tuple[tuple[int, int], ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        if self.floor > 0:
+            object.__setattr__(self, "thresholds", stop_thresholds(self.floor, self.total, self.alpha))
 
     def check(self, records: list[QuestionRecord]) -> str | None:
         """A reason to stop now, or None. Called after every answer; tests only at the looks."""
         answered = [r for r in records if r.error is None]
-        points = looks(self.total)
-        if self.floor <= 0 or len(answered) not in points:
+        limit = dict(self.thresholds).get(len(answered))
+        if limit is None:
             return None
         correct = sum(r.correct_strict if self.extraction == "strict" else r.correct for r in answered)
-        p_value = below_floor_p(correct, len(answered), self.floor)
-        if p_value < self.alpha / len(points):
+        if correct <= limit:
+            level = self.alpha / len(self.thresholds)
             return (f"stopped early after {len(answered)} questions: {correct} correct, below floor {self.floor:.2f} "
-                    f"(p={p_value:.2g} < {self.alpha / len(points):.2g}, alpha {self.alpha} split over {len(points)} looks)")
+                    f"(at most {limit} of {len(answered)} rejects it at p < {level:.2g}: alpha {self.alpha} split "
+                    f"over {len(self.thresholds)} looks)")
         return None

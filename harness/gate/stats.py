@@ -10,6 +10,12 @@ import math
 from dataclasses import dataclass
 
 
+def preload() -> None:
+    """Import scipy now: a long-running caller (the driver) would rather not pay for it in the
+    middle of its scheduling loop, at the first verdict."""
+    import scipy.stats  # noqa: F401
+
+
 def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a proportion; (0, 1) when n is 0."""
     if n == 0:

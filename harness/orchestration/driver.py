@@ -1,10 +1,11 @@
 """The driver: schedule every cell on Ray, gate each as it finishes, write every sink.
 
-Reference cells are submitted first, so the paired comparison of the other cells can be made as
-soon as they finish; a cell that finishes before its reference waits for it. A worker that dies is
-retried once on a fresh actor (an infrastructure failure, never an accuracy failure); after that
-the cell is `error`. Ctrl-C or SIGTERM kills every actor (their servers die with them), keeps the
-finished cells, and leaves a run that `--resume` completes.
+The run holds its GPUs through one slot actor per GPU (`slots`) and places cells itself
+(`packing`): reference cells first, so the paired comparison of the other cells can be made as
+soon as they finish (a cell that finishes before its reference waits for it), then by learned
+duration. A cell whose worker dies is retried once (an infrastructure failure, never an accuracy
+failure); after that it is `error`. Ctrl-C or SIGTERM kills every slot (their servers die with
+them), keeps the finished cells, and leaves a run that `--resume` completes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from harness.config import LoadedSuite
 from harness.engine.launch import LaunchSpec, default_python
 from harness.gate.attribution import explain
 from harness.gate.sequential import EarlyStop
+from harness.gate.stats import preload as preload_statistics
 from harness.gate.verdict import judge
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, score
@@ -186,6 +188,7 @@ class Driver:
                                            "tracking_uri": self.options.tracking_uri})
             store.write_run(info)
         todo = [c for c in self.matrix.cells if c.cell_id not in self.results]
+        preload_statistics()
         interrupted = False
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         if threading.current_thread() is not threading.main_thread():
@@ -251,10 +254,9 @@ class Driver:
         if on_outcome is None:
             def on_outcome(cell: Cell, outcome: CellOutcome, log: str, console: Console) -> None:
                 self._gate_when_ready(cell, outcome, log, store, tracker, console)
-        rank = {cell.cell_id: position for position, cell in enumerate(todo)}
         for cell in todo:
             self.queued_at.setdefault(cell.cell_id, time.time())
-        queue, attempts = list(todo), dict.fromkeys(rank, 1)
+        queue, attempts = list(todo), {cell.cell_id: 1 for cell in todo}
         homeless_since: dict[str, float] = {}
         packer = Packer(self.durations, prefer_warm=self.suite.cluster.prefer_warm_nodes)
         pool = SlotPool(packer, self.suite.cluster.runtime_env or None)
@@ -303,11 +305,12 @@ class Driver:
                         outcome, log = self._collect(entry, pool, packer)
                         if outcome is None:  # its worker died: retry once, in its place in the queue
                             attempts[entry.cell.cell_id] += 1
-                            queue.insert(sum(rank[c.cell_id] < rank[entry.cell.cell_id] for c in queue), entry.cell)
+                            queue = self.order([*queue, entry.cell])
                             continue
                         if outcome.timings.started_at is not None and outcome.timings.ended_at is not None:
                             self.durations.learn(entry.cell, outcome.timings.ended_at - outcome.timings.started_at,
                                                  outcome.stopped_early is not None)
+                            queue = self.order(queue)  # longest first, by what was just learned
                         finish(entry.cell, outcome, log)
         finally:
             pool.close()

@@ -54,13 +54,14 @@ class _Reservation:
 
 def priority_order(cells: list[Cell], durations: Durations, failed_before: set[str]) -> list[Cell]:
     """Reference cells first (they feed the paired tests), then cells that failed last time (a PR
-    learns its verdict sooner), then the longest expected GPU-time first. Cells nothing is known
-    of count as the typical duration, so wider cells go first."""
+    learns its verdict sooner), then the longest expected first, wider first among equals. The run
+    ends when its last cells do, so the short ones go last; cells nothing is known of count as
+    the typical duration (so, at first, the widest cells lead)."""
     typical = durations.typical() or 1.0
 
-    def key(cell: Cell) -> tuple[bool, bool, float, str]:
+    def key(cell: Cell) -> tuple[bool, bool, float, int, str]:
         expected = durations.expect(cell) or typical
-        return (not cell.is_reference, cell.cell_id not in failed_before, -expected * cell.gpus, cell.cell_id)
+        return (not cell.is_reference, cell.cell_id not in failed_before, -expected, -cell.gpus, cell.cell_id)
 
     return sorted(cells, key=key)
 

@@ -41,3 +41,14 @@ def test_healthy_cells_do_not_stop():
 
 def test_no_floor_means_no_early_stop():
     assert first_stop(EarlyStop(floor=0.0, total=200), [False] * 200) is None
+
+
+def test_the_carried_critical_counts_are_exactly_the_tests_decisions():
+    from harness.gate.stats import below_floor_p
+
+    for floor, total in ((0.85, 1319), (0.5, 200), (0.99, 100)):
+        rule = EarlyStop(floor=floor, total=total)
+        level = rule.alpha / len(looks(total))
+        for n, limit in rule.thresholds:
+            decisions = [below_floor_p(c, n, floor) < level for c in range(n + 1)]
+            assert decisions == [c <= limit for c in range(n + 1)], (floor, n)

@@ -1,0 +1,146 @@
+"""The scheduler's decisions, without Ray: priority order, learned durations, packing, reservation."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import Suite
+from harness.matrix import Cell, expand
+from harness.orchestration.estimates import Durations
+from harness.orchestration.packing import Packer, pick_gpus, priority_order
+from harness.records import CellResult, Status, Timings
+
+
+def cells(models: list[dict], backends: tuple[str, ...] = ("triton", "fa3")) -> dict[str, Cell]:
+    suite = Suite.model_validate({"suite": "s", "engine": "sglang", "models": models,
+                                  "axes": {"attention_backend": list(backends)}})
+    return expand(suite).by_id()
+
+
+MODELS = [{"id": "one", "path": "a/one", "tp": 1}, {"id": "two", "path": "a/two", "tp": 2},
+          {"id": "eight", "path": "a/eight", "tp": 8}, {"id": "typed", "path": "a/typed", "tp": 1, "gpu_type": "H100"}]
+CELLS = cells(MODELS)
+
+
+def history(cell_id: str, model: str, seconds: float, status: Status = Status.PASS, stopped: bool = False) -> CellResult:
+    return CellResult(cell_id=cell_id, model=model, factors={}, args=[], resolved={}, status=status, reason="",
+                      stopped_early=stopped, timings=Timings(started_at=100.0, ended_at=100.0 + seconds))
+
+
+def node(packer: Packer, name: str, gpus: int, idle: int | None = None, types: frozenset[str] = frozenset()) -> None:
+    packer.add_node(name, gpus, types)
+    for gpu in range(gpus if idle is None else idle):
+        packer.add_gpu(name, str(gpu))
+
+
+# ---- durations ---------------------------------------------------------------------------------------
+def test_durations_prefer_the_same_cell_then_this_runs_model_then_the_last_runs_model():
+    durations = Durations([history("one.ab-triton", "one", 50), history("one.ab-fa3", "one", 5, stopped=True),
+                           history("two.ab-triton", "two", 30)])
+    assert durations.expect(CELLS["one.ab-triton"]) == 50
+    assert durations.expect(CELLS["one.ab-fa3"]) == 5  # its own last duration, even stopped early
+    assert durations.expect(CELLS["two.ab-fa3"]) == 30  # the model's, from the last run
+    assert durations.expect(CELLS["eight.ab-fa3"]) is None
+    durations.learn(CELLS["two.ab-triton"], 12, stopped_early=False)
+    durations.learn(CELLS["two.ab-triton"], 1, stopped_early=True)  # a stopped cell says little of the others
+    assert durations.expect(CELLS["two.ab-fa3"]) == 12  # this run (same machines, same build) wins
+
+
+# ---- priority ------------------------------------------------------------------------------------------
+def test_priority_puts_references_then_recent_failures_then_longest_then_widest():
+    durations = Durations([history("one.ab-fa3", "one", 500), history("two.ab-fa3", "two", 5)])
+    order = [c.cell_id for c in priority_order(list(CELLS.values()), durations, failed_before={"two.ab-fa3"})]
+    references = [c for c in order if c.endswith("triton")]
+    assert order[:4] == references  # every reference first
+    assert references[0] == "one.ab-triton"  # the model known to be long leads
+    assert order[4] == "two.ab-fa3"  # failed last time
+    assert order[5] == "one.ab-fa3"  # 500 s
+    # Nothing known of the others: the typical duration, so the widest first.
+    assert order[6:] == ["eight.ab-fa3", "typed.ab-fa3"]
+
+
+# ---- placing -------------------------------------------------------------------------------------------
+def test_a_cell_goes_to_the_node_it_fills_best():
+    packer = Packer(Durations())
+    node(packer, "roomy", 8)
+    node(packer, "snug", 8, idle=2)
+    (placement,) = packer.place([CELLS["two.ab-triton"]], now=0)
+    assert placement.node == "snug" and placement.gpus == ("0", "1")
+
+
+def test_between_equal_fits_the_node_that_loaded_the_model_wins_unless_turned_off():
+    for prefer_warm, expected in ((True, "warm"), (False, "cold")):
+        packer = Packer(Durations(), prefer_warm=prefer_warm)
+        node(packer, "cold", 1)
+        node(packer, "warm", 1)
+        packer.nodes["warm"].models.add("one")
+        (placement,) = packer.place([CELLS["one.ab-triton"]], now=0)
+        assert placement.node == expected
+
+
+def test_a_wide_cell_that_waits_is_not_starved_by_narrow_cells_of_unknown_length():
+    packer = Packer(Durations())
+    node(packer, "n", 8, idle=0)
+    for gpu in range(6):  # six one-GPU cells hold the node; two GPUs come back idle
+        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 100.0)
+    packer.add_gpu("n", "6")
+    packer.add_gpu("n", "7")
+    queue = [CELLS["eight.ab-triton"], CELLS["one.ab-triton"], CELLS["one.ab-fa3"]]
+    assert packer.place(queue, now=0) == []  # the node is reserved for the tp-8 cell
+
+
+def test_narrow_cells_backfill_a_reserved_node_only_when_they_end_before_the_wide_cell_can_start():
+    durations = Durations([history("one.ab-triton", "one", 10), history("one.ab-fa3", "one", 500)])
+    packer = Packer(durations)
+    node(packer, "n", 8, idle=2)
+    for gpu in range(2, 8):
+        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 60.0)  # the tp-8 cell fits at t=60
+    queue = [CELLS["eight.ab-triton"], CELLS["one.ab-fa3"], CELLS["one.ab-triton"]]
+    placed = [p.cell.cell_id for p in packer.place(queue, now=0)]
+    assert placed == ["one.ab-triton"]  # 10 s ends before 60; 500 s would delay the tp-8 cell
+
+
+def test_gpus_the_reserved_cell_will_not_need_are_used_now():
+    packer = Packer(Durations())
+    node(packer, "n", 8, idle=3)
+    packer.nodes["n"].busy["a"] = (("3", "4"), 60.0)
+    packer.nodes["n"].busy["b"] = (("5", "6", "7"), 100.0)
+    four = cells([{"id": "four", "path": "a/four", "tp": 4}, {"id": "two", "path": "a/two", "tp": 2},
+                  {"id": "one", "path": "a/one", "tp": 1}])
+    # The tp-4 cell fits at t=60 (3 idle + 2 back), leaving 1 GPU it will not need: a one-GPU cell
+    # of unknown length may take it now; a two-GPU one would delay the tp-4 cell.
+    queue = [four["four.ab-triton"], four["two.ab-triton"], four["one.ab-triton"]]
+    assert [p.cell.cell_id for p in packer.place(queue, now=0)] == ["one.ab-triton"]
+
+
+def test_a_typed_cell_runs_only_on_a_node_of_its_type_and_waits_for_one():
+    packer = Packer(Durations())
+    node(packer, "plain", 8)
+    assert packer.place([CELLS["typed.ab-triton"]], now=0) == []
+    assert not packer.could_hold(CELLS["typed.ab-triton"])
+    node(packer, "h100", 8, types=frozenset({"H100"}))
+    (placement,) = packer.place([CELLS["typed.ab-triton"]], now=0)
+    assert placement.node == "h100"
+
+
+def test_release_gives_the_gpus_back_and_a_node_that_left_is_forgotten_once_empty():
+    packer = Packer(Durations())
+    node(packer, "n", 8)
+    placements = packer.place([CELLS["eight.ab-triton"]], now=0)
+    assert packer.idle() == [] and packer.could_hold(CELLS["eight.ab-fa3"])
+    packer.remove_node("n")  # still running there: kept
+    assert packer.release(placements[0].cell.cell_id) == ("n", tuple(str(g) for g in range(8)))
+    assert len(packer.idle()) == 8
+    packer.remove_node("n")
+    assert packer.idle() == [] and not packer.could_hold(CELLS["one.ab-triton"])
+
+
+@pytest.mark.parametrize(("idle", "count", "expected"), [
+    ({"0", "1", "2", "4", "5", "6", "7"}, 4, ("4", "5", "6", "7")),  # the whole aligned block
+    ({"1", "2", "3", "4", "5"}, 4, ("1", "2", "3", "4")),  # no whole block: the lowest
+    ({"1", "2", "3"}, 2, ("2", "3")),
+    ({"3", "5"}, 1, ("3",)),
+    ({"0", "1", "2"}, 3, ("0", "1", "2")),
+])
+def test_gpus_come_in_aligned_blocks_when_one_is_idle(idle, count, expected):
+    assert pick_gpus(idle, count) == expected
