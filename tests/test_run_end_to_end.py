@@ -239,3 +239,28 @@ def test_inconclusive_cells_are_extended_with_train_questions_and_decided(ray_lo
     indices = [json.loads(q)["index"] for q in (run_dir / "questions" / "dsv2.ab-fa3.jsonl").read_text().splitlines()]
     extra = [i - 100_000 for i in indices if i >= 100_000]  # train questions, recorded with an offset
     assert len(indices) == 1500 and len(extra) == 1300 and len(set(extra)) == 1300
+
+
+def test_a_cell_no_node_can_hold_waits_then_says_why_and_the_rest_run(ray_local, tmp_path, monkeypatch):
+    """Nodes that left (or never joined): the cell is `error` after cluster.wait_for_nodes_s."""
+    monkeypatch.setattr("harness.orchestration.cluster.check_fits", lambda matrix: None)  # as if a node left later
+    suite = tmp_path / "wide.yaml"
+    suite.write_text(f"""
+suite: wide
+engine: sim
+sim_world: {INCIDENT_WORLD}
+num_questions: 20
+stop_grace_s: 1
+cluster: {{wait_for_nodes_s: 1}}
+models:
+  - {{id: small, path: deepseek-ai/DeepSeek-V2-Lite-Chat, tp: 2, floor: 0.5}}
+  - {{id: huge, path: moonshotai/Kimi-Linear-48B-A3B-Instruct, tp: 16, floor: 0.5}}
+axes: {{attention_backend: [triton]}}
+""")
+    result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking", "--quiet")
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json,
+                                       (only_run(tmp_path / "results") / "cells.jsonl").read_text().splitlines())}
+    assert cells["small.ab-triton"].status.value == "pass"
+    assert cells["huge.ab-triton"].status.value == "error"
+    assert "no node of the cluster could hold it (16 GPU(s))" in cells["huge.ab-triton"].reason
+    assert result.exit_code == 3
