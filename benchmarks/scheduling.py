@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import random
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -126,6 +127,13 @@ def report(title: str, cells: list[dict]) -> None:
     static = static_partition_makespan(cells)
     print(f"static longest-first partition across nodes, same durations: {static:.1f} s "
           f"({static / bound:.2f} x lower bound)")
+    loaded: set[tuple[str, str]] = set()
+    warm = 0
+    for cell in sorted(cells, key=lambda c: c["timings"]["started_at"]):
+        warm += (cell["node"], cell["model"]) in loaded
+        loaded.add((cell["node"], cell["model"]))
+    print(f"warm starts (the node had loaded the cell's model earlier in the run): {warm} of {len(cells)}; "
+          f"load time per cell: {statistics.fmean(c['timings']['startup_s'] for c in cells):.1f} s mean")
 
 
 def report_early_stop(stopped: list[dict], full: list[dict]) -> None:

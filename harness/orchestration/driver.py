@@ -273,7 +273,8 @@ class Driver:
         try:
             with progress:
                 pool.grow(queue, force=True)
-                while queue or running:
+                finished: list[tuple[Cell, CellOutcome, str]] = []
+                while queue or running or finished:
                     if self.stop_signal is not None:
                         raise _Interrupted()
                     pool.grow(queue)
@@ -289,6 +290,12 @@ class Driver:
                             f"{self.suite.cluster.wait_for_nodes_s:.0f} s (cluster.wait_for_nodes_s)")), "")
                     if not queue:
                         pool.shrink()  # nothing waits: give idle GPUs back to the cluster
+                    # Gate and write what finished only now, once its GPUs have gone to the next cells.
+                    for cell, outcome, log in finished:
+                        finish(cell, outcome, log)
+                    finished.clear()
+                    if not (queue or running):
+                        break
                     busy = sum(len(e.placement.gpus) for e in running.values())
                     progress.update(task, state=f"queued {len(queue)} · running {len(running)} · "
                                                 f"GPUs busy {busy}/{busy + len(packer.idle())}")
@@ -311,7 +318,7 @@ class Driver:
                             self.durations.learn(entry.cell, outcome.timings.ended_at - outcome.timings.started_at,
                                                  outcome.stopped_early is not None)
                             queue = self.order(queue)  # longest first, by what was just learned
-                        finish(entry.cell, outcome, log)
+                        finished.append((entry.cell, outcome, log))
         finally:
             pool.close()
 
