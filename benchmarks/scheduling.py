@@ -83,18 +83,23 @@ def static_partition_makespan(cells: list[dict]) -> float:
 
 
 def idle_breakdown(cells: list[dict], start: float, end: float) -> dict[str, float]:
-    """GPU-seconds each GPU sat idle: before its first cell, between cells, after its last."""
-    per_gpu: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    """GPU-seconds each GPU sat idle: before its first cell, between cells (waiting for the next,
+    wider cell to gather its GPUs, or plain turnaround), after its last."""
+    per_gpu: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     for cell in cells:
         for device in (cell["cuda_visible_devices"] or "").split(","):
             per_gpu.setdefault((cell["node"], device), []).append(
-                (cell["timings"]["started_at"], cell["timings"]["ended_at"]))
-    totals = {"before first": 0.0, "between cells": 0.0, "after last": 0.0}
+                (cell["timings"]["started_at"], cell["timings"]["ended_at"], cell["gpus"]))
+    totals = {"before first": 0.0, "between cells (next one wider: gathering GPUs)": 0.0,
+              "between cells (turnaround)": 0.0, "after last": 0.0}
     for spans in per_gpu.values():
         spans.sort()
         totals["before first"] += spans[0][0] - start
         totals["after last"] += end - spans[-1][1]
-        totals["between cells"] += sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:], strict=False))
+        for before, after in zip(spans, spans[1:], strict=False):
+            kind = "between cells (next one wider: gathering GPUs)" if after[2] > before[2] else \
+                "between cells (turnaround)"
+            totals[kind] += max(0.0, after[0] - before[1])
     totals["GPUs never used"] = (GPUS_PER_NODE * NODES - len(per_gpu)) * (end - start)
     return totals
 

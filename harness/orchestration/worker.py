@@ -8,7 +8,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -52,7 +52,9 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
     started = time.time()
     cell = job.spec.cell
     log_path = log_dir / f"{cell.cell_id}.log"
-    server = ServerProcess(job.spec, log_path)
+    # The server is told which Ray node it runs on (the simulator keeps its page cache per node).
+    spec = replace(job.spec, env={**job.spec.env, "REGRESS_NODE_ID": node_id()})
+    server = ServerProcess(spec, log_path)
     devices = ",".join(job.spec.devices) if job.spec.devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
     info = ServerInfo(cuda_visible_devices=devices, node=node_id())
     timings: dict[str, float] = {"queued_s": max(0.0, started - job.queued_at), "started_at": started}

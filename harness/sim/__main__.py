@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.sim.world import World
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,11 +58,26 @@ def main(argv: list[str] | None = None) -> int:
     model = world.model(args.model_path)
     # Model loading: the port opens only afterwards, as in sglang.
     time.sleep(model.startup_s if model.startup_s is not None else world.latency.startup_s)
+    if model.cold_load_s and not _in_page_cache(world, Path(world_path), args.model_path):
+        time.sleep(model.cold_load_s)
     state = SimState(world, resolved, data, faults)
     print(f"[sim] The server is fired up and ready to roll! port={args.port}", flush=True)
     web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,
                 handle_signals=not any(f.ignore_sigterm for f in faults))
     return 0
+
+
+def _in_page_cache(world: World, world_path: Path, model_path: str) -> bool:
+    """Whether this node loaded the model before (and remember that it now has)."""
+    if world.page_cache_dir is None:
+        return False
+    node = os.environ.get("REGRESS_NODE_ID", "local")
+    marker = world_path.parent / world.page_cache_dir / node / hashlib.sha1(model_path.encode()).hexdigest()
+    if marker.exists():
+        return True
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return False
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ class SimModel(_Strict):
     # Per-model overrides of the world's latency: load time and seconds per request.
     startup_s: float | None = Field(None, ge=0)
     base_s: float | None = Field(None, ge=0)
+    # Extra load time when the node's page cache does not hold the weights yet (the first load of
+    # the model on that node; see World.page_cache_dir).
+    cold_load_s: float = Field(0.0, ge=0)
 
 
 class Condition(_Strict):
@@ -111,6 +114,9 @@ class World(_Strict):
     latency: Latency = Latency()
     attention_backends: list[str] | None = None  # what `--attention-backend` accepts; None: sglang's list
     history: list[str] = []  # commits, oldest first, for `since_commit`
+    # Where simulated page caches live: one folder per node (REGRESS_NODE_ID), a file per model
+    # loaded there. Relative to the world file. None: every load is cold.
+    page_cache_dir: str | None = None
 
     def bug_active(self, bug: Bug, commit: str | None) -> bool:
         if bug.since_commit is None:

@@ -116,3 +116,28 @@ def test_invalid_flag_values_are_rejected(flag):
                             capture_output=True, text=True, env={"REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
                                                                  "PATH": "/usr/bin"}, timeout=60)
     assert result.returncode == 2 and "invalid" in result.stderr
+
+
+def test_a_model_loads_slower_on_a_node_whose_page_cache_lacks_it(tmp_path):
+    """The warm-up the scheduler's `prefer_warm_nodes` aims at: the first load on a node is cold."""
+    import dataclasses
+
+    import yaml
+
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    cell = make_cell({"attention_backend": "triton"})
+    world["models"][cell.model.path].update(startup_s=0.1, cold_load_s=1.5)
+    world["page_cache_dir"] = "page-cache"
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    spec = sim_spec(cell, tmp_path / "world.yaml")
+
+    def load_s(node: str) -> float:
+        async def start() -> float:
+            node_spec = dataclasses.replace(spec, env={**spec.env, "REGRESS_NODE_ID": node})
+            async with ServerProcess(node_spec, tmp_path / f"{node}.log") as server:
+                return server.startup_s
+        return asyncio.run(start())
+
+    cold, warm, other_node = load_s("a"), load_s("a"), load_s("b")
+    assert cold - warm > 1.0 and other_node - warm > 1.0
+    assert (tmp_path / "page-cache" / "a").is_dir() and (tmp_path / "page-cache" / "b").is_dir()
