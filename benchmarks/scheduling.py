@@ -8,11 +8,12 @@ utilisation, the evaluation GPU-seconds early stop saves on each incident cell, 
 static longest-first partition across the two nodes (the way sglang's CI splits suites) would have
 had with the same measured cell durations.
 
-    .venv/bin/python benchmarks/scheduling.py
+    .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0]
 """
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import json
 import logging
@@ -40,17 +41,18 @@ GPUS_PER_NODE, NODES = 8, 2
 QUESTIONS = 320
 
 
-def setup(folder: Path) -> Path:
+def setup(folder: Path, seconds_per_minute: float) -> Path:
     rng = random.Random(0)
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
     world["models"] = {}
     models = []
     for number, tp in enumerate(TPS):
         path = f"example/model-{number}-tp{tp}"
-        # Load 1-4 s (minutes on real nodes), 10 request waves of 0.15-0.6 s (the evaluation): the
-        # first 20 answers arrive within the first wave, as with 1,319 questions and 128 in flight.
-        world["models"][path] = {"accuracy": 0.9, "kind": "mla", "startup_s": round(rng.uniform(1, 4), 2),
-                                 "base_s": round(rng.uniform(0.15, 0.6), 2)}
+        # Real nodes: a 2-8 minute model load, a 3-12 minute evaluation (1,319 questions, 128 in
+        # flight: about 10 waves, the first 20 answers within the first). Scaled to seconds.
+        world["models"][path] = {"accuracy": 0.9, "kind": "mla",
+                                 "startup_s": round(rng.uniform(2, 8) * seconds_per_minute, 2),
+                                 "base_s": round(rng.uniform(0.3, 1.2) * seconds_per_minute, 2)}
         models.append({"id": f"m{number}-tp{tp}", "path": path, "tp": tp, "floor": 0.8})
     (folder / "world.yaml").write_text(yaml.safe_dump(world))
     suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": QUESTIONS,
@@ -155,9 +157,14 @@ def report_early_stop(stopped: list[dict], full: list[dict]) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds-per-minute", type=float, default=1.0,
+                        help="how the real minutes of load and evaluation are scaled down (default 1 s per minute)")
+    scale = parser.parse_args().seconds_per_minute
     os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
+    print(f"durations scaled to {scale:g} s per real minute")
     with tempfile.TemporaryDirectory() as folder:
-        suite = setup(Path(folder))
+        suite = setup(Path(folder), scale)
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
         for _ in range(NODES):
             cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)

@@ -47,16 +47,13 @@ def test_durations_prefer_the_same_cell_then_this_runs_model_then_the_last_runs_
 
 
 # ---- priority ------------------------------------------------------------------------------------------
-def test_priority_puts_references_then_recent_failures_then_longest_then_widest():
+def test_priority_puts_references_then_recent_failures_then_the_most_gpu_time():
     durations = Durations([history("one.ab-fa3", "one", 500), history("two.ab-fa3", "two", 5)])
     order = [c.cell_id for c in priority_order(list(CELLS.values()), durations, failed_before={"two.ab-fa3"})]
-    references = [c for c in order if c.endswith("triton")]
-    assert order[:4] == references  # every reference first
-    assert references[0] == "one.ab-triton"  # the model known to be long leads
-    assert order[4] == "two.ab-fa3"  # failed last time
-    assert order[5] == "one.ab-fa3"  # 500 s
-    # Nothing known of the others: the typical duration, so the widest first.
-    assert order[6:] == ["eight.ab-fa3", "typed.ab-fa3"]
+    # GPU-seconds: eight 8 x typical (252.5), one 500 (its model's), typed 252.5, two 2 x 5.
+    assert order[:4] == ["eight.ab-triton", "one.ab-triton", "typed.ab-triton", "two.ab-triton"]
+    assert order[4] == "two.ab-fa3"  # failed last time: before longer cells
+    assert order[5:] == ["eight.ab-fa3", "one.ab-fa3", "typed.ab-fa3"]
 
 
 # ---- placing -------------------------------------------------------------------------------------------
@@ -98,6 +95,20 @@ def test_narrow_cells_backfill_a_reserved_node_only_when_they_end_before_the_wid
     queue = [CELLS["eight.ab-triton"], CELLS["one.ab-fa3"], CELLS["one.ab-triton"]]
     placed = [p.cell.cell_id for p in packer.place(queue, now=0)]
     assert placed == ["one.ab-triton"]  # 10 s ends before 60; 500 s would delay the tp-8 cell
+
+
+def test_once_anything_is_known_a_cell_of_unknown_length_counts_as_typical_for_backfilling():
+    packer = Packer(Durations([history("two.ab-triton", "two", 10)]))  # typical: 10 s
+    node(packer, "n", 8, idle=2)
+    for gpu in range(2, 8):
+        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 100.0)
+    queue = [CELLS["eight.ab-triton"], CELLS["one.ab-triton"]]
+    assert [p.cell.cell_id for p in packer.place(queue, now=0)] == ["one.ab-triton"]
+    packer = Packer(Durations([history("two.ab-triton", "two", 10)]))
+    node(packer, "n", 8, idle=2)
+    for gpu in range(2, 8):
+        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 5.0)  # the tp-8 cell fits sooner
+    assert packer.place(queue, now=0) == []
 
 
 def test_gpus_the_reserved_cell_will_not_need_are_used_now():

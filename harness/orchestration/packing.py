@@ -5,12 +5,14 @@ knows which GPUs are idle on which node and places cells itself instead of leavi
 Ray, which starts pending actors in no particular order and lets narrow cells fragment the node
 a tp-8 cell is waiting for. The policy:
 
-- the queue is in priority order (`priority_order`): references, recent failures, longest first;
+- the queue is in priority order (`priority_order`): references, recent failures, then the
+  largest expected GPU-time first;
 - a cell that fits goes to the node it fills best (fewest GPUs left idle), then to a node that
   has already loaded its model (the weights are in that node's page cache), then the first node;
 - the first cell that fits nowhere reserves the node where it will fit soonest, judged by the
   expected ends of the cells running there; a later cell may use that node only if it is expected
   to end before then, or if it fits in GPUs the reserved cell will not need (EASY backfilling);
+  with no duration known at all (the first cells of a new suite) nothing backfills;
 - within a node a tp-k cell takes an aligned block of k GPUs when one is idle (0-3, 4-7, ...),
   which keeps blocks whole for the next wide cell and matches how GPUs share switches.
 """
@@ -54,14 +56,15 @@ class _Reservation:
 
 def priority_order(cells: list[Cell], durations: Durations, failed_before: set[str]) -> list[Cell]:
     """Reference cells first (they feed the paired tests), then cells that failed last time (a PR
-    learns its verdict sooner), then the longest expected first, wider first among equals. The run
-    ends when its last cells do, so the short ones go last; cells nothing is known of count as
-    the typical duration (so, at first, the widest cells lead)."""
+    learns its verdict sooner), then the largest expected GPU-time (duration x GPUs) first. That
+    keeps cells of one width together (a freed block suits the next cell as it is, instead of
+    waiting for a wider one to gather) and leaves the small cells to fill the end. Cells nothing is
+    known of count as the typical duration, so at first the widest lead."""
     typical = durations.typical() or 1.0
 
-    def key(cell: Cell) -> tuple[bool, bool, float, int, str]:
+    def key(cell: Cell) -> tuple[bool, bool, float, str]:
         expected = durations.expect(cell) or typical
-        return (not cell.is_reference, cell.cell_id not in failed_before, -expected, -cell.gpus, cell.cell_id)
+        return (not cell.is_reference, cell.cell_id not in failed_before, -expected * cell.gpus, cell.cell_id)
 
     return sorted(cells, key=key)
 
@@ -153,7 +156,9 @@ class Packer:
         return now + expected if expected is not None else math.inf
 
     def _ends_before(self, cell: Cell, now: float, reservation: _Reservation) -> bool:
-        expected = self.durations.expect(cell)
+        # A cell nothing is known of counts as typical once anything is: a wrong guess delays the
+        # reserved cell by at most one cell, while no guess would leave the GPUs idle.
+        expected = self.durations.expect(cell) or self.durations.typical()
         return expected is not None and now + expected <= reservation.shadow
 
     def _may_use(self, node: _Node, cell: Cell, now: float, reservation: _Reservation | None) -> bool:
