@@ -47,12 +47,12 @@ def test_durations_prefer_the_same_cell_then_this_runs_model_then_the_last_runs_
 
 
 # ---- priority ------------------------------------------------------------------------------------------
-def test_priority_puts_references_then_recent_failures_then_the_most_gpu_time():
+def test_priority_puts_references_then_recent_failures_then_widest_then_longest():
     durations = Durations([history("one.ab-fa3", "one", 500), history("two.ab-fa3", "two", 5)])
     order = [c.cell_id for c in priority_order(list(CELLS.values()), durations, failed_before={"two.ab-fa3"})]
-    # GPU-seconds: eight 8 x typical (252.5), one 500 (its model's), typed 252.5, two 2 x 5.
-    assert order[:4] == ["eight.ab-triton", "one.ab-triton", "typed.ab-triton", "two.ab-triton"]
-    assert order[4] == "two.ab-fa3"  # failed last time: before longer cells
+    # Widest first; among one-GPU cells, "one" (500 s, its model's) before "typed" (typical: 252.5 s).
+    assert order[:4] == ["eight.ab-triton", "two.ab-triton", "one.ab-triton", "typed.ab-triton"]
+    assert order[4] == "two.ab-fa3"  # failed last time: before wider and longer cells
     assert order[5:] == ["eight.ab-fa3", "one.ab-fa3", "typed.ab-fa3"]
 
 

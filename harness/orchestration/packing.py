@@ -6,7 +6,7 @@ Ray, which starts pending actors in no particular order and lets narrow cells fr
 a tp-8 cell is waiting for. The policy:
 
 - the queue is in priority order (`priority_order`): references, recent failures, then the
-  largest expected GPU-time first;
+  widest first and, within a width, the longest expected first;
 - a cell that fits goes to the node it fills best (fewest GPUs left idle), then to a node that
   has already loaded its model (the weights are in that node's page cache), then the first node;
 - the first cell that fits nowhere reserves the node where it will fit soonest, judged by the
@@ -56,15 +56,15 @@ class _Reservation:
 
 def priority_order(cells: list[Cell], durations: Durations, failed_before: set[str]) -> list[Cell]:
     """Reference cells first (they feed the paired tests), then cells that failed last time (a PR
-    learns its verdict sooner), then the largest expected GPU-time (duration x GPUs) first. That
-    keeps cells of one width together (a freed block suits the next cell as it is, instead of
-    waiting for a wider one to gather) and leaves the small cells to fill the end. Cells nothing is
-    known of count as the typical duration, so at first the widest lead."""
+    learns its verdict sooner), then the widest first and, within a width, the longest expected
+    first. Widths run as phases, so a freed block suits the next cell as it is instead of idling
+    while a wider cell gathers its GPUs (a cell stopped early last time, short in the history, would
+    otherwise scatter tp-8 cells among narrow ones); the narrowest, shortest cells fill the end."""
     typical = durations.typical() or 1.0
 
-    def key(cell: Cell) -> tuple[bool, bool, float, str]:
+    def key(cell: Cell) -> tuple[bool, bool, int, float, str]:
         expected = durations.expect(cell) or typical
-        return (not cell.is_reference, cell.cell_id not in failed_before, -expected * cell.gpus, cell.cell_id)
+        return (not cell.is_reference, cell.cell_id not in failed_before, -cell.gpus, -expected, cell.cell_id)
 
     return sorted(cells, key=key)
 
