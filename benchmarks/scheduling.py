@@ -58,7 +58,8 @@ def setup(folder: Path, seconds_per_minute: float) -> Path:
     suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": QUESTIONS,
              "concurrency": QUESTIONS // 10, "stop_grace_s": 1, "models": models,
              "axes": {"attention_backend": ["triton", "fa3", "flashinfer"], "unified_memory": ["off", "on"],
-                      "radix_cache": ["on"]}, "gate": {"min_effect": 0.3}}
+                      "radix_cache": ["on"]}, "gate": {"min_effect": 0.3},
+             "cluster": {"failed_first": False}}  # as configs/nightly.yaml
     (folder / "sched.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     return folder / "sched.yaml"
 

@@ -74,6 +74,9 @@ class ClusterSpec(Strict):
     # Between nodes that fit a cell equally well, prefer one that already loaded its model in this
     # run (the weights are still in its page cache): the warm-up knob.
     prefer_warm_nodes: bool = True
+    # Cells that failed in the previous run go first, so a PR learns its verdict sooner. A nightly
+    # may turn it off and let packing alone decide (those cells otherwise run as an extra phase).
+    failed_first: bool = True
     # How long a cell may wait while no node of the cluster could ever hold it (nodes died, or an
     # autoscaler has not added them yet) before it is `error`.
     wait_for_nodes_s: Annotated[float, Field(gt=0)] = 600.0

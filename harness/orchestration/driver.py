@@ -221,7 +221,8 @@ class Driver:
 
     def order(self, cells: list[Cell]) -> list[Cell]:
         """The queue's priority order (see `packing.priority_order`)."""
-        failed = {cell_id for cell_id, result in self.history_cells.items() if result.status.is_regression}
+        failed = {cell_id for cell_id, result in self.history_cells.items()
+                  if result.status.is_regression} if self.suite.cluster.failed_first else set()
         return priority_order(cells, self.durations, failed)
 
     def _on_signal(self, signum: int, frame: object) -> None:
