@@ -123,7 +123,8 @@ class GpuSlot:
     the actor, which is what PR_SET_PDEATHSIG watches)."""
 
     def where(self) -> dict[str, str | None]:
-        return {"node": node_id(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        # Ray's assignment, not CUDA_VISIBLE_DEVICES: a cluster may tell Ray not to set it.
+        return {"node": node_id(), "gpu": ",".join(str(gpu) for gpu in ray.get_gpu_ids())}
 
     def vigil(self) -> None:
         """Never returns: the driver waits on it to learn at once that an idle slot died."""
