@@ -33,7 +33,7 @@ def stop_thresholds(floor: float, total: int, alpha: float) -> tuple[tuple[int, 
     points = looks(total)
     thresholds = []
     for n in points:
-        low, high = -1, n  # below_floor_p(low) < level <= below_floor_p(high + 1), in effect
+        low, high = -1, n  # every count <= low rejects the floor; no count > high does
         while low < high:
             middle = (low + high + 1) // 2
             if below_floor_p(middle, n, floor) < alpha / len(points):
