@@ -39,7 +39,7 @@ from harness.gsm8k.evaluator import EvalSettings, score
 from harness.gsm8k.protocol import ProtocolPlan
 from harness.matrix import Cell, Matrix
 from harness.orchestration.cluster import engine_env
-from harness.orchestration.estimates import Durations
+from harness.orchestration.estimates import Durations, held_s
 from harness.orchestration.packing import Packer, Placement, priority_order
 from harness.orchestration.slots import Slot, SlotPool
 from harness.orchestration.worker import CellJob
@@ -66,11 +66,14 @@ class RunOptions:
 
 @dataclass
 class _Running:
-    cell: Cell
     placement: Placement
     slots: list[Slot]  # the first leads: the server runs in its process
     run_ref: Any
     attempt: int
+
+    @property
+    def cell(self) -> Cell:
+        return self.placement.cell
 
 
 class _FailFast(BaseException):
@@ -310,14 +313,14 @@ class Driver:
                                     ray.kill(leader.slots[0].actor)
                             continue
                         entry = running.pop(ref)
-                        outcome, log = self._collect(entry, pool, packer)
+                        outcome, log = self._collect(entry, pool)
                         if outcome is None:  # its worker died: retry once, in its place in the queue
                             attempts[entry.cell.cell_id] += 1
                             queue = self.order([*queue, entry.cell])
                             continue
-                        if outcome.timings.started_at is not None and outcome.timings.ended_at is not None:
-                            self.durations.learn(entry.cell, outcome.timings.ended_at - outcome.timings.started_at,
-                                                 outcome.stopped_early is not None)
+                        seconds = held_s(outcome.timings)
+                        if seconds is not None:
+                            self.durations.learn(entry.cell, seconds, outcome.stopped_early is not None)
                             queue = self.order(queue)  # longest first, by what was just learned
                         finished.append((entry.cell, outcome, log))
         finally:
@@ -325,12 +328,9 @@ class Driver:
 
     def _start(self, placement: Placement, pool: SlotPool, attempt: int, plan_ref: Any) -> _Running:
         """Run the placed cell in the slot of its first GPU, with CUDA_VISIBLE_DEVICES naming all."""
-        slots = [pool.slot_for(placement.node, gpu) for gpu in placement.gpus]
-        assert all(slots), "the packer placed a cell on a GPU without a slot"
-        for slot in slots:
-            slot.cell = placement.cell.cell_id
+        slots = pool.assign(placement)
         run_ref = slots[0].actor.run.remote(self._job(placement.cell, placement.gpus), plan_ref)
-        return _Running(placement.cell, placement, slots, run_ref, attempt)
+        return _Running(placement, slots, run_ref, attempt)
 
     def _homeless(self, queue: list[Cell], packer: Packer, since: dict[str, float]) -> list[Cell]:
         """Waiting cells that no node could hold for `cluster.wait_for_nodes_s` (nodes died or
@@ -376,7 +376,7 @@ class Driver:
             self._finalise(cell, self.finished[cell.cell_id], "", store, tracker, console=self.console,
                            note="extended to {n} questions; ")
 
-    def _collect(self, entry: _Running, pool: SlotPool, packer: Packer) -> tuple[CellOutcome | None, str]:
+    def _collect(self, entry: _Running, pool: SlotPool) -> tuple[CellOutcome | None, str]:
         """The cell's outcome, with its GPUs released; None when its worker died and it may be retried."""
         try:
             outcome, log = ray.get(entry.run_ref)
@@ -390,14 +390,7 @@ class Driver:
             outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[],
                                   error=f"worker failed: {type(error).__name__}: {str(error)[:300]}")
             log = ""
-        released = packer.release(entry.cell.cell_id)
-        for slot in entry.slots:
-            slot.cell = None
-        if released is not None:
-            node, gpus = released
-            for gpu in gpus:  # GPUs whose slot died with the cell are no longer ours
-                if pool.slot_for(node, gpu) is None:
-                    packer.remove_gpu(node, gpu)
+        pool.release(entry.cell.cell_id, entry.slots)
         return outcome, log
 
     def _gate_when_ready(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore,

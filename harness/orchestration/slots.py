@@ -18,7 +18,7 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from harness.matrix import Cell
-from harness.orchestration.packing import Packer
+from harness.orchestration.packing import Packer, Placement
 from harness.orchestration.worker import GpuSlot
 
 NODES_REFRESH_S = 5.0
@@ -66,11 +66,30 @@ class SlotPool:
     def slot_for(self, node: str, gpu: str) -> Slot | None:
         return next((s for s in self.live() if s.node == node and s.gpu == gpu), None)
 
+    def assign(self, placement: Placement) -> list[Slot]:
+        """The slots of a placed cell's GPUs, marked as its own; the first leads."""
+        slots = [self.slot_for(placement.node, gpu) for gpu in placement.gpus]
+        assert all(slots), "the packer placed a cell on a GPU without a slot"
+        for slot in slots:
+            slot.cell = placement.cell.cell_id
+        return slots
+
+    def release(self, cell_id: str, slots: list[Slot]) -> None:
+        """The cell stopped: its GPUs are idle again, except those whose slot died with it."""
+        for slot in slots:
+            slot.cell = None
+        released = self.packer.release(cell_id)
+        if released is not None:
+            node, gpus = released
+            for gpu in gpus:
+                if self.slot_for(node, gpu) is None:
+                    self.packer.remove_gpu(node, gpu)
+
     def discard(self, slot: Slot) -> None:
         """The slot's actor is known dead (a call on it failed): stop counting on it."""
         self.deaths[slot.node] = self.deaths.get(slot.node, 0) + 1
         self.refreshed_at = 0.0
-        self._forget(slot, kill=True)
+        self._forget(slot)
 
     def grow(self, queue: list[Cell], force: bool = False) -> None:
         """Create slots for what the waiting cells could use at once, on the nodes that fit them;
@@ -99,7 +118,7 @@ class SlotPool:
         """Nothing waits: give every idle slot back to the cluster."""
         for slot in self.live():
             if slot.cell is None:
-                self._forget(slot, kill=True)
+                self._forget(slot)
 
     def handle(self, ref: Any) -> str | None:
         """A slot was placed, or died. Returns the cell it was running, when it died doing so."""
@@ -122,7 +141,7 @@ class SlotPool:
 
     def close(self) -> None:
         for slot in self.live():
-            self._forget(slot, kill=True)
+            self._forget(slot)
 
     def _create(self, node_id: str) -> None:
         options: dict[str, Any] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -132,11 +151,11 @@ class SlotPool:
         slot = Slot(actor, node_id, actor.where.remote(), actor.vigil.remote())
         self.slots[slot.where_ref] = self.slots[slot.vigil_ref] = slot
 
-    def _forget(self, slot: Slot, kill: bool) -> None:
+    def _forget(self, slot: Slot) -> None:
+        """Stop counting on the slot and kill its actor (its server, if any, dies with it)."""
         for ref in (slot.where_ref, slot.vigil_ref):
             self.slots.pop(ref, None)
         if slot.gpu is not None and slot.cell is None:
             self.packer.remove_gpu(slot.node, slot.gpu)
-        if kill:
-            with contextlib.suppress(Exception):
-                ray.kill(slot.actor)
+        with contextlib.suppress(Exception):
+            ray.kill(slot.actor)

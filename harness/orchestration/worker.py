@@ -52,11 +52,12 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
     started = time.time()
     cell = job.spec.cell
     log_path = log_dir / f"{cell.cell_id}.log"
+    node = node_id()
     # The server is told which Ray node it runs on (the simulator keeps its page cache per node).
-    spec = replace(job.spec, env={**job.spec.env, "REGRESS_NODE_ID": node_id()})
+    spec = replace(job.spec, env={**job.spec.env, "REGRESS_NODE_ID": node})
     server = ServerProcess(spec, log_path)
-    devices = ",".join(job.spec.devices) if job.spec.devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
-    info = ServerInfo(cuda_visible_devices=devices, node=node_id())
+    devices = {**os.environ, **spec.environment()}.get("CUDA_VISIBLE_DEVICES")  # what the server sees
+    info = ServerInfo(cuda_visible_devices=devices, node=node)
     timings: dict[str, float] = {"queued_s": max(0.0, started - job.queued_at), "started_at": started}
     try:
         async with server:
