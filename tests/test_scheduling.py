@@ -1,13 +1,17 @@
-"""The scheduler's decisions, without Ray: priority order, learned durations, packing, reservation."""
+"""The scheduler's decisions, without Ray: priority order, learned durations, packing, reservation,
+forecasts and the planned order."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
 from harness.config import Suite
 from harness.matrix import Cell, expand
 from harness.orchestration.estimates import Durations
-from harness.orchestration.packing import Packer, pick_gpus, priority_order
+from harness.orchestration.forecast import Forecast, forecast, improve
+from harness.orchestration.packing import SLOT_PATIENCE_S, Packer, pick_gpus, priority_class, priority_order
 from harness.records import CellResult, Status, Timings
 
 
@@ -111,6 +115,18 @@ def test_once_anything_is_known_a_cell_of_unknown_length_counts_as_typical_for_b
     assert packer.place(queue, now=0) == []
 
 
+def test_slots_ray_is_still_starting_count_as_soon_so_no_long_cell_takes_the_reserved_node():
+    durations = Durations([history("one.ab-triton", "one", 10)])
+    packer = Packer(durations)
+    node(packer, "n", 8, idle=2)
+    for _ in range(6):
+        packer.ask_gpu("n", now=0)
+    queue = [CELLS["eight.ab-triton"], CELLS["one.ab-triton"]]
+    assert packer.place(queue, now=1) == []  # the other six come in seconds: the tp-8 cell is next
+    # Slots that never come (another job holds those GPUs) stop counting: a known cell may go.
+    assert [p.cell.cell_id for p in packer.place(queue, now=SLOT_PATIENCE_S + 1)] == ["one.ab-triton"]
+
+
 def test_gpus_the_reserved_cell_will_not_need_are_used_now():
     packer = Packer(Durations())
     node(packer, "n", 8, idle=3)
@@ -155,3 +171,34 @@ def test_release_gives_the_gpus_back_and_a_node_that_left_is_forgotten_once_empt
 ])
 def test_gpus_come_in_aligned_blocks_when_one_is_idle(idle, count, expected):
     assert pick_gpus(idle, count) == expected
+
+
+# ---- forecast and plan -----------------------------------------------------------------------------------
+FIVE = cells([{"id": "one", "path": "a/one", "tp": 1}], backends=("triton", "fa3", "flashinfer", "flashmla", "cutlass_mla"))
+
+
+def test_forecast_plays_the_packer_forward_on_expected_durations():
+    packer = Packer(Durations([history("eight.ab-triton", "eight", 10), history("eight.ab-fa3", "eight", 30)]))
+    packer.add_node("n", 8)  # declared; no slot placed yet: the forecast counts them idle
+    queue = [CELLS["eight.ab-triton"], CELLS["eight.ab-fa3"]]
+    assert forecast(packer, queue, now=100) == Forecast(end=140, mean_end=25)  # ends 10 and 40 s from now
+    packer.nodes["n"].busy["running"] = (tuple(str(g) for g in range(8)), 105.0)  # the node is busy until 105
+    assert forecast(packer, queue, now=100).end == 145
+    assert forecast(Packer(Durations()), queue, now=100) is None  # nothing known: no forecast
+
+
+def test_the_plan_ends_as_soon_as_any_order_would_and_keeps_the_reference_first():
+    # Two GPUs; a reference of 2 s, then cells of 3, 3, 2, 2 s. Longest first ends at 7 s
+    # (2+3+2 and 3+2, then the last 2); reference+2+2 on one GPU and 3+3 on the other end at 6.
+    seconds = {"one.ab-triton": 2, "one.ab-fa3": 3, "one.ab-flashinfer": 3, "one.ab-flashmla": 2,
+               "one.ab-cutlass_mla": 2}
+    durations = Durations([history(cell_id, "one", value) for cell_id, value in seconds.items()])
+    packer = Packer(durations)
+    node(packer, "n", 2)
+    start = priority_order(list(FIVE.values()), durations, set())
+    reference, rest = start[0], start[1:]
+    best = min(forecast(packer, [reference, *order], now=0) for order in itertools.permutations(rest))
+    planned, expected = improve(packer, [start], now=0, priority_class=lambda c: priority_class(c, set()), tries=300)
+    assert planned[0] is reference and sorted(c.cell_id for c in planned) == sorted(seconds)
+    assert expected == forecast(packer, planned, now=0) == best
+    assert (best.end, forecast(packer, start, now=0).end) == (6, 7)

@@ -1,30 +1,23 @@
-"""The driver: schedule every cell on Ray, gate each as it finishes, write every sink.
+"""The driver: one run from its config to every sink; each cell gated as it finishes.
 
-The run holds its GPUs through one slot actor per GPU (`slots`) and places cells itself
-(`packing`): reference cells first, so the paired comparison of the other cells can be made as
-soon as they finish (a cell that finishes before its reference waits for it), then by learned
-duration. A cell whose worker dies is retried once (an infrastructure failure, never an accuracy
-failure); after that it is `error`. Ctrl-C or SIGTERM kills every slot (their servers die with
-them), keeps the finished cells, and leaves a run that `--resume` completes.
+The scheduler (`scheduler`) keeps the GPUs busy; the driver decides what it runs and in which
+priority: reference cells first, so the paired comparison of the other cells can be made as soon
+as they finish (a cell that finishes before its reference waits for it), recent failures next
+when `cluster.failed_first`, then by learned duration. Ctrl-C or SIGTERM kills every slot (their
+servers die with them), keeps the finished cells, and leaves a run that `--resume` completes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-import ray
-from ray.exceptions import RayActorError, RayError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness import __version__
 from harness.assemble import cell_result, close_run, sink_cell
@@ -39,16 +32,14 @@ from harness.gsm8k.evaluator import EvalSettings, score
 from harness.gsm8k.protocol import ProtocolPlan
 from harness.matrix import Cell, Matrix
 from harness.orchestration.cluster import engine_env
-from harness.orchestration.estimates import Durations, held_s
-from harness.orchestration.packing import Packer, Placement, priority_order
-from harness.orchestration.slots import Slot, SlotPool
+from harness.orchestration.estimates import Durations
+from harness.orchestration.packing import priority_class, priority_order
+from harness.orchestration.scheduler import Interrupted, OnOutcome, Scheduler
 from harness.orchestration.worker import CellJob
 from harness.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
 from harness.report import print_summary
 from harness.store import ResultsStore, new_run_id
 from harness.tracking import Tracker
-
-WORKER_RETRIES = 1
 
 
 @dataclass
@@ -64,24 +55,8 @@ class RunOptions:
     extra_tags: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class _Running:
-    placement: Placement
-    slots: list[Slot]  # the first leads: the server runs in its process
-    run_ref: Any
-    attempt: int
-
-    @property
-    def cell(self) -> Cell:
-        return self.placement.cell
-
-
 class _FailFast(BaseException):
     """A confirmed regression under --fail-fast: stop scheduling, keep what finished."""
-
-
-class _Interrupted(BaseException):
-    """SIGTERM or Ctrl-C, raised like KeyboardInterrupt so that no `except Exception` swallows it."""
 
 
 def git_commit() -> str | None:
@@ -202,7 +177,7 @@ class Driver:
             self._schedule(self.order(todo), store, tracker)
             if self.suite.gate.extend_to:
                 self._extend(store, tracker)
-        except (KeyboardInterrupt, _Interrupted):
+        except (KeyboardInterrupt, Interrupted):
             interrupted = True
         except _FailFast:
             self.parked.clear()  # cells waiting for their reference are not judged; --resume runs them
@@ -222,11 +197,18 @@ class Driver:
                     self.results[skipped.cell_id] = result
         return self._close(store, info, tracker, interrupted)
 
+    def _failed_before(self) -> set[str]:
+        """Cells that failed in the history run, when `cluster.failed_first` puts them early."""
+        if not self.suite.cluster.failed_first:
+            return set()
+        return {cell_id for cell_id, result in self.history_cells.items() if result.status.is_regression}
+
     def order(self, cells: list[Cell]) -> list[Cell]:
         """The queue's priority order (see `packing.priority_order`)."""
-        failed = {cell_id for cell_id, result in self.history_cells.items()
-                  if result.status.is_regression} if self.suite.cluster.failed_first else set()
-        return priority_order(cells, self.durations, failed)
+        return priority_order(cells, self.durations, self._failed_before())
+
+    def _priority_class(self, cell: Cell) -> tuple[bool, bool]:
+        return priority_class(cell, self._failed_before())
 
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only a flag: an exception raised here could surface inside Ray's C++ wait as a
@@ -247,102 +229,17 @@ class Driver:
                        early_stop=self._early_stop(cell))
 
     def _schedule(self, todo: list[Cell], store: ResultsStore, tracker: Tracker | None,
-                  plan: ProtocolPlan | None = None,
-                  on_outcome: Callable[[Cell, CellOutcome, str, Console], None] | None = None,
+                  plan: ProtocolPlan | None = None, on_outcome: OnOutcome | None = None,
                   label: str | None = None) -> None:
-        """Run `todo` (in priority order) on GPUs this pass holds through slots; each outcome goes
-        to `on_outcome` (default: gate it and write it)."""
-        if not todo:
-            return
-        plan_ref = ray.put(plan or self.plan)
+        """Run `todo` (in priority order); each outcome goes to `on_outcome` (default: gate it and write it)."""
         if on_outcome is None:
             def on_outcome(cell: Cell, outcome: CellOutcome, log: str, console: Console) -> None:
                 self._gate_when_ready(cell, outcome, log, store, tracker, console)
         for cell in todo:
             self.queued_at.setdefault(cell.cell_id, time.time())
-        queue, attempts = list(todo), {cell.cell_id: 1 for cell in todo}
-        homeless_since: dict[str, float] = {}
-        packer = Packer(self.durations, prefer_warm=self.suite.cluster.prefer_warm_nodes)
-        pool = SlotPool(packer, self.suite.cluster.runtime_env or None)
-        running: dict[Any, _Running] = {}
-        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,
-                            disable=self.options.quiet, transient=False)
-        task = progress.add_task(label or self.suite.suite, total=len(todo), state="")
-
-        def finish(cell: Cell, outcome: CellOutcome, log: str) -> None:
-            progress.advance(task)
-            on_outcome(cell, outcome, log, progress.console)
-
-        try:
-            with progress:
-                pool.grow(queue, force=True)
-                finished: list[tuple[Cell, CellOutcome, str]] = []
-                while queue or running or finished:
-                    if self.stop_signal is not None:
-                        raise _Interrupted()
-                    pool.grow(queue)
-                    for placement in packer.place(queue, time.time()):
-                        queue.remove(placement.cell)
-                        entry = self._start(placement, pool, attempts[placement.cell.cell_id], plan_ref)
-                        running[entry.run_ref] = entry
-                    for cell in self._homeless(queue, packer, homeless_since):
-                        queue.remove(cell)
-                        finish(cell, CellOutcome(cell_id=cell.cell_id, args=[], error=(
-                            f"no node of the cluster could hold it ({cell.gpus} GPU(s)"
-                            f"{', ' + cell.model.gpu_type if cell.model.gpu_type else ''}) for "
-                            f"{self.suite.cluster.wait_for_nodes_s:.0f} s (cluster.wait_for_nodes_s)")), "")
-                    if not queue:
-                        pool.shrink()  # nothing waits: give idle GPUs back to the cluster
-                    # Gate and write what finished only now, once its GPUs have gone to the next cells.
-                    for cell, outcome, log in finished:
-                        finish(cell, outcome, log)
-                    finished.clear()
-                    if not (queue or running):
-                        break
-                    busy = sum(len(e.placement.gpus) for e in running.values())
-                    progress.update(task, state=f"queued {len(queue)} · running {len(running)} · "
-                                                f"GPUs busy {busy}/{busy + len(packer.idle())}")
-                    ready, _ = ray.wait([*running, *pool.refs()], num_returns=1, timeout=0.5)
-                    for ref in ready:
-                        if ref not in running:
-                            lost = pool.handle(ref)
-                            leader = next((e for e in running.values() if e.cell.cell_id == lost), None)
-                            if leader is not None:  # a GPU of a running cell is gone: stop the cell, retry it
-                                with contextlib.suppress(Exception):
-                                    ray.kill(leader.slots[0].actor)
-                            continue
-                        entry = running.pop(ref)
-                        outcome, log = self._collect(entry, pool)
-                        if outcome is None:  # its worker died: retry once, in its place in the queue
-                            attempts[entry.cell.cell_id] += 1
-                            queue = self.order([*queue, entry.cell])
-                            continue
-                        seconds = held_s(outcome.timings)
-                        if seconds is not None:
-                            self.durations.learn(entry.cell, seconds, outcome.stopped_early is not None)
-                            queue = self.order(queue)  # longest first, by what was just learned
-                        finished.append((entry.cell, outcome, log))
-        finally:
-            pool.close()
-
-    def _start(self, placement: Placement, pool: SlotPool, attempt: int, plan_ref: Any) -> _Running:
-        """Run the placed cell in the slot of its first GPU, with CUDA_VISIBLE_DEVICES naming all."""
-        slots = pool.assign(placement)
-        run_ref = slots[0].actor.run.remote(self._job(placement.cell, placement.gpus), plan_ref)
-        return _Running(placement, slots, run_ref, attempt)
-
-    def _homeless(self, queue: list[Cell], packer: Packer, since: dict[str, float]) -> list[Cell]:
-        """Waiting cells that no node could hold for `cluster.wait_for_nodes_s` (nodes died or
-        never joined)."""
-        now = time.monotonic()
-        expired = []
-        for cell in queue:
-            if packer.could_hold(cell):
-                since.pop(cell.cell_id, None)
-            elif now - since.setdefault(cell.cell_id, now) >= self.suite.cluster.wait_for_nodes_s:
-                expired.append(cell)
-        return expired
+        scheduler = Scheduler(self.suite.cluster, self.durations, self.order, self._priority_class, self._job,
+                              self.console, self.options.quiet, stopping=lambda: self.stop_signal is not None)
+        scheduler.run(todo, plan or self.plan, on_outcome, label or self.suite.suite)
 
     def _extend(self, store: ResultsStore, tracker: Tracker | None) -> None:
         """Ask `inconclusive` cells (and their references) more questions from the train split,
@@ -375,23 +272,6 @@ class Driver:
         for cell in undecided:
             self._finalise(cell, self.finished[cell.cell_id], "", store, tracker, console=self.console,
                            note="extended to {n} questions; ")
-
-    def _collect(self, entry: _Running, pool: SlotPool) -> tuple[CellOutcome | None, str]:
-        """The cell's outcome, with its GPUs released; None when its worker died and it may be retried."""
-        try:
-            outcome, log = ray.get(entry.run_ref)
-        except RayActorError as error:
-            pool.discard(entry.slots[0])
-            outcome, log = None, ""
-            if entry.attempt > WORKER_RETRIES:
-                reason = f"the Ray worker died twice ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-                outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[], error=reason)
-        except RayError as error:
-            outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[],
-                                  error=f"worker failed: {type(error).__name__}: {str(error)[:300]}")
-            log = ""
-        pool.release(entry.cell.cell_id, entry.slots)
-        return outcome, log
 
     def _gate_when_ready(self, cell: Cell, outcome: CellOutcome, log: str, store: ResultsStore,
                          tracker: Tracker | None, console: Console) -> None:

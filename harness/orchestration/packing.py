@@ -6,13 +6,17 @@ Ray, which starts pending actors in no particular order and lets narrow cells fr
 a tp-8 cell is waiting for. The policy:
 
 - the queue is in priority order (`priority_order`): references, recent failures, then the
-  widest first and, within a width, the longest expected first;
+  widest first and, within a width, the longest expected first; once durations are known the
+  scheduler reorders it within those classes to the order expected to end soonest (`forecast`);
 - a cell that fits goes to the node it fills best (fewest GPUs left idle), then to a node that
   has already loaded its model (the weights are in that node's page cache), then the first node;
 - the first cell that fits nowhere reserves the node where it will fit soonest, judged by the
-  expected ends of the cells running there; a later cell may use that node only if it is expected
-  to end before then, or if it fits in GPUs the reserved cell will not need (EASY backfilling);
-  with no duration known at all (the first cells of a new suite) nothing backfills;
+  expected ends of the cells running there (slots Ray is still starting count as idle: they come
+  in seconds, unless something else holds those GPUs for longer than SLOT_PATIENCE_S); a later
+  cell may use that node only if it is expected to end before then, or if it fits in GPUs the
+  reserved cell will not need (EASY backfilling); with no duration known at all (the first cells
+  of a new suite) nothing backfills. One reservation per node (conservative backfilling) was
+  measured too: it left more GPUs idle while the next width phase gathered;
 - within a node a tp-k cell takes an aligned block of k GPUs when one is idle (0-3, 4-7, ...),
   which keeps blocks whole for the next wide cell and matches how GPUs share switches.
 """
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field
 
 from harness.matrix import Cell
 from harness.orchestration.estimates import Durations
+
+SLOT_PATIENCE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -40,11 +46,17 @@ class _Node:
     declared: int  # GPUs the node has; slots not placed yet count only towards reservations
     types: frozenset[str]
     idle: set[str] = field(default_factory=set)
+    asked: list[float] = field(default_factory=list)  # when each slot Ray has not placed yet was asked for
     busy: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)  # cell -> (GPUs, expected end)
     models: set[str] = field(default_factory=set)
 
     def held(self) -> int:
         return sum(len(gpus) for gpus, _ in self.busy.values())
+
+    def coming(self, now: float) -> int:
+        """Slots asked for recently enough to count on soon (Ray places a slot in seconds unless
+        something else holds the GPU)."""
+        return sum(1 for asked in self.asked if now - asked < SLOT_PATIENCE_S)
 
 
 @dataclass
@@ -64,9 +76,14 @@ def priority_order(cells: list[Cell], durations: Durations, failed_before: set[s
 
     def key(cell: Cell) -> tuple[bool, bool, int, float, str]:
         expected = durations.expect(cell) or typical
-        return (not cell.is_reference, cell.cell_id not in failed_before, -cell.gpus, -expected, cell.cell_id)
+        return (*priority_class(cell, failed_before), -cell.gpus, -expected, cell.cell_id)
 
     return sorted(cells, key=key)
+
+
+def priority_class(cell: Cell, failed_before: set[str]) -> tuple[bool, bool]:
+    """The part of the priority order that planning keeps: references, then recent failures, then the rest."""
+    return not cell.is_reference, cell.cell_id not in failed_before
 
 
 def pick_gpus(idle: set[str], count: int) -> tuple[str, ...]:
@@ -94,9 +111,22 @@ class Packer:
         if node_id not in self.nodes:
             self.nodes[node_id] = _Node(node_id, len(self.nodes), declared, types)
 
+    def ask_gpu(self, node_id: str, now: float) -> None:
+        """A slot was asked for on this node; Ray has not placed it yet."""
+        self.nodes[node_id].asked.append(now)
+
     def add_gpu(self, node_id: str, gpu: str) -> None:
         """A slot on this GPU is placed and idle."""
-        self.nodes[node_id].idle.add(gpu)
+        node = self.nodes[node_id]
+        node.idle.add(gpu)
+        if node.asked:
+            node.asked.pop(0)
+
+    def unask_gpu(self, node_id: str) -> None:
+        """A slot asked for on this node will not be placed (it died, or was given back first)."""
+        node = self.nodes.get(node_id)
+        if node is not None and node.asked:
+            node.asked.pop(0)
 
     def remove_gpu(self, node_id: str, gpu: str) -> None:
         """The GPU's slot is gone (died, or given back to the cluster)."""
@@ -179,12 +209,12 @@ class Packer:
         for node in eligible:
             if max(node.declared, len(node.idle) + node.held()) < cell.gpus:
                 continue
-            available, shadow = len(node.idle), now
+            available, shadow = len(node.idle) + node.coming(now), now
             for gpus, end in sorted(node.busy.values(), key=lambda item: item[1]):
                 if available >= cell.gpus:
                     break
                 available, shadow = available + len(gpus), max(shadow, end)
-            if available < cell.gpus:  # slots still being placed: when is unknown
+            if available < cell.gpus:  # slots not asked for yet, or long overdue: when is unknown
                 available, shadow = max(node.declared, available), math.inf
             key = (shadow, -len(node.idle), node.rank)
             if best is None or key < best[0]:

@@ -150,12 +150,15 @@ class SlotPool:
         actor = GpuSlot.options(**options).remote()
         slot = Slot(actor, node_id, actor.where.remote(), actor.vigil.remote())
         self.slots[slot.where_ref] = self.slots[slot.vigil_ref] = slot
+        self.packer.ask_gpu(node_id, time.time())
 
     def _forget(self, slot: Slot) -> None:
         """Stop counting on the slot and kill its actor (its server, if any, dies with it)."""
         for ref in (slot.where_ref, slot.vigil_ref):
             self.slots.pop(ref, None)
-        if slot.gpu is not None and slot.cell is None:
+        if slot.gpu is None:
+            self.packer.unask_gpu(slot.node)
+        elif slot.cell is None:
             self.packer.remove_gpu(slot.node, slot.gpu)
         with contextlib.suppress(Exception):
             ray.kill(slot.actor)

@@ -1,0 +1,190 @@
+"""Keep the GPUs busy: run a list of cells on the slots of one pass, in the order expected to end soonest.
+
+The loop: ask for slots the queue can use (`slots`), place what fits (`packing`), wait for the
+first cell, slot or node event, learn the finished cell's duration and plan the rest of the queue
+again (`forecast`). A cell whose worker dies is retried once, in its place in the queue (an
+infrastructure failure, never an accuracy failure); after that it is `error`. Finished cells go
+to the caller only once their GPUs have gone to the next cells, so that gating and writing never
+hold a GPU idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness.config import ClusterSpec
+from harness.gsm8k.protocol import ProtocolPlan
+from harness.matrix import Cell
+from harness.orchestration.estimates import Durations, held_s
+from harness.orchestration.forecast import improve
+from harness.orchestration.packing import Packer, Placement
+from harness.orchestration.slots import Slot, SlotPool
+from harness.orchestration.worker import CellJob
+from harness.records import CellOutcome
+
+WORKER_RETRIES = 1
+# Forecast moves tried before the first placement, then after each finished cell; each is one
+# play of the packer over the queue (about a millisecond for 50 cells), and capped in seconds.
+PLAN_TRIES, REPLAN_TRIES = 400, 60
+PLAN_BUDGET_S, REPLAN_BUDGET_S = 2.0, 0.25
+
+OnOutcome = Callable[[Cell, CellOutcome, str, Console], None]
+
+
+class Interrupted(BaseException):
+    """SIGTERM or Ctrl-C, raised like KeyboardInterrupt so that no `except Exception` swallows it."""
+
+
+@dataclass
+class _Running:
+    placement: Placement
+    slots: list[Slot]  # the first leads: the server runs in its process
+    run_ref: Any
+    attempt: int
+
+    @property
+    def cell(self) -> Cell:
+        return self.placement.cell
+
+
+class Scheduler:
+    """Runs cells on Ray GPUs. `order` gives the queue's priority order, `priority_class` the part
+    of it planning must keep (references first, ...), `job` what a placed cell's slot runs."""
+
+    def __init__(self, cluster: ClusterSpec, durations: Durations, order: Callable[[list[Cell]], list[Cell]],
+                 priority_class: Callable[[Cell], Hashable], job: Callable[[Cell, tuple[str, ...]], CellJob],
+                 console: Console, quiet: bool, stopping: Callable[[], bool]) -> None:
+        self.cluster = cluster
+        self.durations = durations
+        self.order = order
+        self.priority_class = priority_class
+        self.job = job
+        self.console = console
+        self.quiet = quiet
+        self.stopping = stopping
+        self.expected_end: float | None = None  # the last forecast of when the queue ends
+
+    def run(self, todo: list[Cell], plan: ProtocolPlan, on_outcome: OnOutcome, label: str) -> None:
+        """Run `todo` (in priority order) to the end; each outcome goes to `on_outcome`."""
+        if not todo:
+            return
+        plan_ref = ray.put(plan)
+        queue, attempts = list(todo), {cell.cell_id: 1 for cell in todo}
+        homeless_since: dict[str, float] = {}
+        packer = Packer(self.durations, prefer_warm=self.cluster.prefer_warm_nodes)
+        pool = SlotPool(packer, self.cluster.runtime_env or None)
+        running: dict[Any, _Running] = {}
+        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,
+                            disable=self.quiet, transient=False)
+        task = progress.add_task(label, total=len(todo), state="")
+
+        def finish(cell: Cell, outcome: CellOutcome, log: str) -> None:
+            progress.advance(task)
+            on_outcome(cell, outcome, log, progress.console)
+
+        try:
+            with progress:
+                pool.grow(queue, force=True)
+                queue = self._plan(packer, queue, PLAN_TRIES, PLAN_BUDGET_S, seed=0)
+                finished: list[tuple[Cell, CellOutcome, str]] = []
+                while queue or running or finished:
+                    if self.stopping():
+                        raise Interrupted()
+                    pool.grow(queue)
+                    for placement in packer.place(queue, time.time()):
+                        queue.remove(placement.cell)
+                        slots = pool.assign(placement)
+                        run_ref = slots[0].actor.run.remote(self.job(placement.cell, placement.gpus), plan_ref)
+                        running[run_ref] = _Running(placement, slots, run_ref, attempts[placement.cell.cell_id])
+                    for cell, reason in self._homeless(queue, packer, homeless_since):
+                        queue.remove(cell)
+                        finish(cell, CellOutcome(cell_id=cell.cell_id, args=[], error=reason), "")
+                    if not queue:
+                        pool.shrink()  # nothing waits: give idle GPUs back to the cluster
+                    for cell, outcome, log in finished:
+                        finish(cell, outcome, log)
+                    finished.clear()
+                    if not (queue or running):
+                        break
+                    progress.update(task, state=self._state(queue, running, packer))
+                    ready, _ = ray.wait([*running, *pool.refs()], num_returns=1, timeout=0.5)
+                    changed = False
+                    for ref in ready:
+                        if ref not in running:
+                            lost = pool.handle(ref)
+                            leader = next((e for e in running.values() if e.cell.cell_id == lost), None)
+                            if leader is not None:  # a GPU of a running cell is gone: stop the cell, retry it
+                                with contextlib.suppress(Exception):
+                                    ray.kill(leader.slots[0].actor)
+                            continue
+                        entry = running.pop(ref)
+                        changed = True
+                        outcome, log = self._collect(entry, pool)
+                        if outcome is None:  # its worker died: retry once, in its place in the queue
+                            attempts[entry.cell.cell_id] += 1
+                            queue = self.order([*queue, entry.cell])
+                            continue
+                        seconds = held_s(outcome.timings)
+                        if seconds is not None:
+                            self.durations.learn(entry.cell, seconds, outcome.stopped_early is not None)
+                        finished.append((entry.cell, outcome, log))
+                    if changed and queue:  # GPUs came back, durations were learned: the best order may differ
+                        queue = self._plan(packer, queue, REPLAN_TRIES, REPLAN_BUDGET_S, seed=len(queue))
+        finally:
+            pool.close()
+
+    def _plan(self, packer: Packer, queue: list[Cell], tries: int, budget_s: float, seed: int) -> list[Cell]:
+        """The current order or the priority order, whichever the forecast ends sooner, improved."""
+        ordered = self.order(queue)
+        starts = [ordered] if ordered == queue else [queue, ordered]
+        best, expected = improve(packer, starts, time.time(), self.priority_class, tries, seed, budget_s)
+        self.expected_end = expected.end if expected is not None else None
+        return best
+
+    def _state(self, queue: list[Cell], running: dict[Any, _Running], packer: Packer) -> str:
+        busy = sum(len(e.placement.gpus) for e in running.values())
+        state = f"queued {len(queue)} · running {len(running)} · GPUs busy {busy}/{busy + len(packer.idle())}"
+        if self.expected_end is not None:
+            state += f" · expected to end in {max(0.0, self.expected_end - time.time()) / 60:.0f} min"
+        return state
+
+    def _homeless(self, queue: list[Cell], packer: Packer, since: dict[str, float]) -> list[tuple[Cell, str]]:
+        """Waiting cells that no node could hold for `cluster.wait_for_nodes_s` (nodes died or
+        never joined), with the reason they end in `error`."""
+        now = time.monotonic()
+        expired = []
+        for cell in queue:
+            if packer.could_hold(cell):
+                since.pop(cell.cell_id, None)
+            elif now - since.setdefault(cell.cell_id, now) >= self.cluster.wait_for_nodes_s:
+                gpu_type = f", {cell.model.gpu_type}" if cell.model.gpu_type else ""
+                expired.append((cell, f"no node of the cluster could hold it ({cell.gpus} GPU(s){gpu_type}) for "
+                                      f"{self.cluster.wait_for_nodes_s:.0f} s (cluster.wait_for_nodes_s)"))
+        return expired
+
+    def _collect(self, entry: _Running, pool: SlotPool) -> tuple[CellOutcome | None, str]:
+        """The cell's outcome, with its GPUs released; None when its worker died and it may be retried."""
+        try:
+            outcome, log = ray.get(entry.run_ref)
+        except RayActorError as error:
+            pool.discard(entry.slots[0])
+            outcome, log = None, ""
+            if entry.attempt > WORKER_RETRIES:
+                reason = f"the Ray worker died twice ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+                outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[], error=reason)
+        except RayError as error:
+            outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[],
+                                  error=f"worker failed: {type(error).__name__}: {str(error)[:300]}")
+            log = ""
+        pool.release(entry.cell.cell_id, entry.slots)
+        return outcome, log
