@@ -191,7 +191,7 @@ def test_fail_fast_stops_at_the_first_regression(ray_local, tmp_path):
     assert "fail" in statuses and len(lines) < 32
 
 
-def test_order_puts_references_then_recent_failures_then_longest_first(tmp_path):
+def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(tmp_path):
     from harness.config import load_suite
     from harness.matrix import expand
     from harness.orchestration.driver import Driver, RunOptions
@@ -208,14 +208,17 @@ def test_order_puts_references_then_recent_failures_then_longest_first(tmp_path)
         slow: CellResult(cell_id=slow, model="kimi-linear", factors={}, args=[], resolved={}, status=Status.PASS,
                          reason="", timings=Timings(total_s=500))}
     driver.durations = Durations(list(driver.history_cells.values()))
+    kimi, deepseek = "kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"
     order = [c.cell_id for c in driver.order(list(matrix.cells))]
-    assert order[:2] == ["kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"]
-    assert order[2] == failed and order[3] == slow
+    assert order[:3] == [kimi, failed, slow]  # the failure with its reference, then the widest, longest
+    for cell in matrix.cells:  # every reference ahead of the cells compared with it
+        assert cell.reference_cell is None or order.index(cell.reference_cell) < order.index(cell.cell_id)
+    assert order.index(deepseek) == min(i for i, cell_id in enumerate(order) if cell_id.startswith("deepseek"))
     # A nightly may let packing alone decide: the cell that failed (5 s last time) is no longer early.
     cluster = loaded.suite.cluster.model_copy(update={"failed_first": False})
     driver.suite = loaded.suite.model_copy(update={"cluster": cluster})
     order = [c.cell_id for c in driver.order(list(matrix.cells))]
-    assert order[2] == slow and order.index(failed) > 3
+    assert order[:2] == [kimi, slow] and order.index(failed) > 2
 
 
 def test_inconclusive_cells_are_extended_with_train_questions_and_decided(ray_local, tmp_path):

@@ -51,13 +51,13 @@ def test_durations_prefer_the_same_cell_then_this_runs_model_then_the_last_runs_
 
 
 # ---- priority ------------------------------------------------------------------------------------------
-def test_priority_puts_references_then_recent_failures_then_widest_then_longest():
+def test_priority_puts_recent_failures_then_widest_each_reference_ahead_of_its_cells():
     durations = Durations([history("one.ab-fa3", "one", 500), history("two.ab-fa3", "two", 5)])
-    order = [c.cell_id for c in priority_order(list(CELLS.values()), durations, failed_before={"two.ab-fa3"})]
-    # Widest first; among one-GPU cells, "one" (500 s, its model's) before "typed" (typical: 252.5 s).
-    assert order[:4] == ["eight.ab-triton", "two.ab-triton", "one.ab-triton", "typed.ab-triton"]
-    assert order[4] == "two.ab-fa3"  # failed last time: before wider and longer cells
-    assert order[5:] == ["eight.ab-fa3", "one.ab-fa3", "typed.ab-fa3"]
+    order = [c.cell_id for c in priority_order(list(CELLS.values()), durations, first={"two.ab-fa3", "two.ab-triton"})]
+    assert order[:2] == ["two.ab-triton", "two.ab-fa3"]  # failed last time, after its reference
+    assert order[2:4] == ["eight.ab-triton", "eight.ab-fa3"]  # then the widest, reference first
+    # Among one-GPU cells, the model with the longest cell first ("one": 500 s; "typed": typical).
+    assert order[4:] == ["one.ab-triton", "one.ab-fa3", "typed.ab-triton", "typed.ab-fa3"]
 
 
 # ---- placing -------------------------------------------------------------------------------------------
@@ -115,14 +115,16 @@ def test_once_anything_is_known_a_cell_of_unknown_length_counts_as_typical_for_b
     assert packer.place(queue, now=0) == []
 
 
-def test_slots_ray_is_still_starting_count_as_soon_so_no_long_cell_takes_the_reserved_node():
+def test_slots_ray_is_still_starting_are_kept_for_the_wide_cells_ahead_of_narrow_ones():
     durations = Durations([history("one.ab-triton", "one", 10)])
     packer = Packer(durations)
-    node(packer, "n", 8, idle=2)
-    for _ in range(6):
-        packer.ask_gpu("n", now=0)
-    queue = [CELLS["eight.ab-triton"], CELLS["one.ab-triton"]]
-    assert packer.place(queue, now=1) == []  # the other six come in seconds: the tp-8 cell is next
+    for name, idle in (("a", 2), ("b", 1)):  # slots come up one by one at the start of a run
+        node(packer, name, 8, idle=idle)
+        for _ in range(8 - idle):
+            packer.ask_gpu(name, now=0)
+    queue = [CELLS["eight.ab-triton"], CELLS["eight.ab-fa3"], CELLS["one.ab-triton"]]
+    # Each tp-8 cell holds a node whose other slots are coming: the one-GPU cell takes neither.
+    assert packer.place(queue, now=1) == []
     # Slots that never come (another job holds those GPUs) stop counting: a known cell may go.
     assert [p.cell.cell_id for p in packer.place(queue, now=SLOT_PATIENCE_S + 1)] == ["one.ab-triton"]
 
@@ -202,3 +204,17 @@ def test_the_plan_ends_as_soon_as_any_order_would_and_keeps_the_reference_first(
     assert planned[0] is reference and sorted(c.cell_id for c in planned) == sorted(seconds)
     assert expected == forecast(packer, planned, now=0) == best
     assert (best.end, forecast(packer, start, now=0).end) == (6, 7)
+
+
+def test_the_plan_never_moves_a_cell_ahead_of_its_reference():
+    # One GPU: the forecast would rather run the two short cells first (their GPU-seconds start
+    # sooner), but the paired tests need the reference, which must lead.
+    seconds = {"one.ab-triton": 5, "one.ab-fa3": 1, "one.ab-flashinfer": 1}
+    durations = Durations([history(cell_id, "one", value) for cell_id, value in seconds.items()])
+    packer = Packer(durations)
+    node(packer, "n", 1)
+    start = priority_order([FIVE[cell_id] for cell_id in seconds], durations, set())
+    shorter_first = [FIVE["one.ab-fa3"], FIVE["one.ab-flashinfer"], FIVE["one.ab-triton"]]
+    assert forecast(packer, shorter_first, now=0) < forecast(packer, start, now=0)
+    planned, _ = improve(packer, [start], now=0, priority_class=lambda c: priority_class(c, set()), tries=100)
+    assert planned[0].cell_id == "one.ab-triton"

@@ -1,9 +1,9 @@
 """The driver: one run from its config to every sink; each cell gated as it finishes.
 
 The scheduler (`scheduler`) keeps the GPUs busy; the driver decides what it runs and in which
-priority: reference cells first, so the paired comparison of the other cells can be made as soon
-as they finish (a cell that finishes before its reference waits for it), recent failures next
-when `cluster.failed_first`, then by learned duration. Ctrl-C or SIGTERM kills every slot (their
+priority (`packing.priority_order`): recent failures first when `cluster.failed_first`, each
+reference cell ahead of the cells compared with it (a cell that finishes before its reference
+waits for it to be judged), then by width and learned duration. Ctrl-C or SIGTERM kills every slot (their
 servers die with them), keeps the finished cells, and leaves a run that `--resume` completes.
 """
 
@@ -197,18 +197,21 @@ class Driver:
                     self.results[skipped.cell_id] = result
         return self._close(store, info, tracker, interrupted)
 
-    def _failed_before(self) -> set[str]:
-        """Cells that failed in the history run, when `cluster.failed_first` puts them early."""
+    def _first(self) -> set[str]:
+        """Cells that failed in the history run and their references, when `cluster.failed_first`
+        runs them before the rest."""
         if not self.suite.cluster.failed_first:
             return set()
-        return {cell_id for cell_id, result in self.history_cells.items() if result.status.is_regression}
+        failed = {cell_id for cell_id, result in self.history_cells.items() if result.status.is_regression}
+        references = {self.cells[cell_id].reference_cell for cell_id in failed if cell_id in self.cells}
+        return failed | {reference for reference in references if reference is not None}
 
     def order(self, cells: list[Cell]) -> list[Cell]:
         """The queue's priority order (see `packing.priority_order`)."""
-        return priority_order(cells, self.durations, self._failed_before())
+        return priority_order(cells, self.durations, self._first())
 
-    def _priority_class(self, cell: Cell) -> tuple[bool, bool]:
-        return priority_class(cell, self._failed_before())
+    def _priority_class(self, cell: Cell) -> int:
+        return priority_class(cell, self._first())
 
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only a flag: an exception raised here could surface inside Ray's C++ wait as a

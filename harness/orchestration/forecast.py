@@ -6,9 +6,9 @@ differently than the other way round), and no fixed rule gets it right for every
 durations are known (every nightly after the first, and each model once one of its cells has
 finished), the driver can instead play the packer forward on the expected durations (`forecast`)
 and keep whichever order ends soonest (`improve`): a hill climb that moves one cell at a time,
-within its priority class (references stay first, recent failures next), and keeps a move that
-ends no later and starts the GPU-seconds no later on average. The same forecast tells the user
-when the run should end.
+within its priority class (recent failures stay first) and never ahead of its reference cell, and
+keeps a move that ends no later and starts the GPU-seconds no later on average. The same forecast
+tells the user when the run should end.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ class Forecast:
 
 def forecast(packer: Packer, queue: list[Cell], now: float) -> Forecast | None:
     """Play the packer forward on expected durations, every GPU the nodes declare available now.
-    None when some cell would never start (no node could hold it) or nothing at all is known."""
-    if packer.durations.typical() is None:
+    None when some queued cell has no expected duration (measured on the benchmark's first runs,
+    planning on guesses ended later than the priority order alone), or would never start."""
+    if any(packer.durations.expect(cell) is None for cell in queue):
         return None
     ahead = _rehearsal(packer, now)
     ends = [(max(end, now), cell_id) for node in ahead.nodes.values() for cell_id, (_, end) in node.busy.items()]
@@ -63,8 +64,8 @@ def forecast(packer: Packer, queue: list[Cell], now: float) -> Forecast | None:
 def improve(packer: Packer, starts: list[list[Cell]], now: float, priority_class: Callable[[Cell], Hashable],
             tries: int, seed: int = 0, budget_s: float = math.inf) -> tuple[list[Cell], Forecast | None]:
     """The best of `starts` (each the same cells, in priority-class order), then moved one cell
-    at a time within its class while the forecast does not get worse; at most `tries` moves or
-    `budget_s` seconds."""
+    at a time within its class, never ahead of its reference, while the forecast does not get
+    worse; at most `tries` moves or `budget_s` seconds."""
     scored = [(forecast(packer, start, now), index) for index, start in enumerate(starts)]
     known = [(score, index) for score, index in scored if score is not None]
     if not known:
@@ -87,10 +88,23 @@ def improve(packer: Packer, starts: list[list[Cell]], now: float, priority_class
             continue
         candidate = list(order)
         candidate.insert(target, candidate.pop(source))
+        if not _references_lead(candidate):
+            continue
         score = forecast(packer, candidate, now)
         if score is not None and score <= best:
             order, best = candidate, score
     return order, best
+
+
+def _references_lead(order: list[Cell]) -> bool:
+    """Every queued reference comes before the cells compared with it."""
+    queued = {cell.cell_id for cell in order}
+    seen: set[str] = set()
+    for cell in order:
+        if cell.reference_cell in queued and cell.reference_cell not in seen:
+            return False
+        seen.add(cell.cell_id)
+    return True
 
 
 def _runs(classes: list[Hashable]) -> list[tuple[int, int]]:

@@ -5,9 +5,9 @@ knows which GPUs are idle on which node and places cells itself instead of leavi
 Ray, which starts pending actors in no particular order and lets narrow cells fragment the node
 a tp-8 cell is waiting for. The policy:
 
-- the queue is in priority order (`priority_order`): references, recent failures, then the
-  widest first and, within a width, the longest expected first; once durations are known the
-  scheduler reorders it within those classes to the order expected to end soonest (`forecast`);
+- the queue is in priority order (`priority_order`): recent failures, then the widest first, each
+  reference ahead of the cells compared with it; once durations are known the scheduler reorders
+  it, within those rules, to the order expected to end soonest (`forecast`);
 - a cell that fits goes to the node it fills best (fewest GPUs left idle), then to a node that
   has already loaded its model (the weights are in that node's page cache), then the first node;
 - the first cell that fits nowhere reserves the node where it will fit soonest, judged by the
@@ -66,24 +66,28 @@ class _Reservation:
     extra: int  # GPUs idle at that time that the reserved cell will not need
 
 
-def priority_order(cells: list[Cell], durations: Durations, failed_before: set[str]) -> list[Cell]:
-    """Reference cells first (they feed the paired tests), then cells that failed last time (a PR
-    learns its verdict sooner), then the widest first and, within a width, the longest expected
-    first. Widths run as phases, so a freed block suits the next cell as it is instead of idling
-    while a wider cell gathers its GPUs (a cell stopped early last time, short in the history, would
-    otherwise scatter tp-8 cells among narrow ones); the narrowest, shortest cells fill the end."""
+def priority_order(cells: list[Cell], durations: Durations, first: set[str]) -> list[Cell]:
+    """Cells in `first` (recent failures and their references: a PR learns its verdict sooner)
+    before the rest; then the widest first, and within a width the model with the longest cells
+    first, each model's reference ahead of the cells compared with it, then its longest expected.
+    Widths run as phases, so a freed block suits the next cell as it is instead of idling while a
+    wider cell gathers its GPUs; the narrowest cells fill the end. A reference starts no later than
+    any cell compared with it (they have the same width), so every paired test has its reference."""
     typical = durations.typical() or 1.0
+    longest: dict[str, float] = {}
+    for cell in cells:
+        longest[cell.model.id] = max(longest.get(cell.model.id, 0.0), durations.expect(cell) or typical)
 
-    def key(cell: Cell) -> tuple[bool, bool, int, float, str]:
-        expected = durations.expect(cell) or typical
-        return (*priority_class(cell, failed_before), -cell.gpus, -expected, cell.cell_id)
+    def key(cell: Cell) -> tuple[int, int, float, str, bool, float, str]:
+        return (priority_class(cell, first), -cell.gpus, -longest[cell.model.id], cell.model.id,
+                not cell.is_reference, -(durations.expect(cell) or typical), cell.cell_id)
 
     return sorted(cells, key=key)
 
 
-def priority_class(cell: Cell, failed_before: set[str]) -> tuple[bool, bool]:
-    """The part of the priority order that planning keeps: references, then recent failures, then the rest."""
-    return not cell.is_reference, cell.cell_id not in failed_before
+def priority_class(cell: Cell, first: set[str]) -> int:
+    """The part of the priority order that planning keeps: 0 for the cells in `first`, 1 for the rest."""
+    return 0 if cell.cell_id in first else 1
 
 
 def pick_gpus(idle: set[str], count: int) -> tuple[str, ...]:
@@ -151,18 +155,31 @@ class Packer:
     def place(self, queue: list[Cell], now: float) -> list[Placement]:
         """Start what can start now, in queue order; each placement is marked busy at once."""
         placements: list[Placement] = []
-        reservation: _Reservation | None = None
+        reserved: dict[str, _Reservation] = {}
+        most_idle = max((len(n.idle) for n in self.nodes.values()), default=0)
         for cell in queue:
+            if most_idle == 0:
+                break
+            if reserved and cell.gpus > most_idle and len(reserved) == len(self.nodes):
+                continue  # fits nowhere, and every node is reserved
             eligible = self._eligible(cell)
-            fitting = [n for n in eligible if len(n.idle) >= cell.gpus and self._may_use(n, cell, now, reservation)]
+            fitting = [n for n in eligible if len(n.idle) >= cell.gpus
+                       and self._may_use(cell, now, reserved.get(n.node_id))]
             if fitting:
                 node = min(fitting, key=lambda n: (len(n.idle) - cell.gpus,
                                                    self.prefer_warm and cell.model.id not in n.models, n.rank))
-                if reservation is not None and node is reservation.node and not self._ends_before(cell, now, reservation):
+                reservation = reserved.get(node.node_id)
+                if reservation is not None and not self._ends_before(cell, now, reservation):
                     reservation.extra -= cell.gpus
                 placements.append(self._start(cell, node, now))
-            elif reservation is None:
-                reservation = self._reserve(eligible, cell, now)
+                most_idle = max(len(n.idle) for n in self.nodes.values())
+                continue
+            # The first cell that fits nowhere reserves a node (EASY backfilling); a later one only a
+            # node whose slots are merely still starting, so that as slots come up one by one the
+            # narrow cells further down the queue do not take them from the wide cells ahead.
+            reservation = self._reserve([n for n in eligible if n.node_id not in reserved], cell, now)
+            if reservation is not None and (not reserved or reservation.shadow <= now):
+                reserved[reservation.node.node_id] = reservation
         return placements
 
     def release(self, cell_id: str) -> tuple[str, tuple[str, ...]] | None:
@@ -191,8 +208,8 @@ class Packer:
         expected = self.durations.expect(cell) or self.durations.typical()
         return expected is not None and now + expected <= reservation.shadow
 
-    def _may_use(self, node: _Node, cell: Cell, now: float, reservation: _Reservation | None) -> bool:
-        if reservation is None or node is not reservation.node:
+    def _may_use(self, cell: Cell, now: float, reservation: _Reservation | None) -> bool:
+        if reservation is None:
             return True
         return self._ends_before(cell, now, reservation) or cell.gpus <= reservation.extra
 
