@@ -7,6 +7,7 @@ take, and how much memory does the driver (this process, not Ray's workers) use 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import tempfile
@@ -27,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=20)
     args = parser.parse_args()
+    os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
     suite = {
         "suite": "load", "engine": "sim", "sim_world": str(ROOT / "configs" / "sim" / "incident.yaml"),
         "num_questions": args.questions, "concurrency": 32, "stop_grace_s": 2, "cluster": {"gpus": 16},
@@ -47,7 +49,10 @@ def main() -> None:
                                           "--quiet"], catch_exceptions=False)
         elapsed = time.monotonic() - started
         peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        lines = next((Path(folder) / "results").glob("load-*/cells.jsonl")).read_text().splitlines()
+        written = next((Path(folder) / "results").glob("load-*/cells.jsonl"), None)
+        if written is None:
+            sys.exit(f"the run wrote no cells (exit code {result.exit_code}):\n{result.output}")
+        lines = written.read_text().splitlines()
     print(f"cells finished: {len(lines)} of 200; exit code {result.exit_code}; wall time {elapsed:.0f} s")
     print(f"driver peak memory: {peak_mib:.0f} MiB (at start {before_mib:.0f} MiB, so {peak_mib - before_mib:.0f} MiB "
           "for the run; Ray's own processes are not included)")
