@@ -9,7 +9,7 @@ static longest-first partition across the two nodes (the way sglang's CI splits 
 had with the cell durations as measured in the run, planned both on what the scheduler knew
 before the run and, as an oracle, on the durations as they turned out.
 
-    .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0] [--keep FOLDER]
+    .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0] [--failed-first] [--keep FOLDER]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ GPUS_PER_NODE, NODES = 8, 2
 QUESTIONS = 320
 
 
-def setup(folder: Path, seconds_per_minute: float) -> Path:
+def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False) -> Path:
     rng = random.Random(0)
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
     world["models"] = {}
@@ -61,7 +61,7 @@ def setup(folder: Path, seconds_per_minute: float) -> Path:
              "concurrency": QUESTIONS // 10, "stop_grace_s": 1, "models": models,
              "axes": {"attention_backend": ["triton", "fa3", "flashinfer"], "unified_memory": ["off", "on"],
                       "radix_cache": ["on"]}, "gate": {"min_effect": 0.3},
-             "cluster": {"failed_first": False}}  # as configs/nightly.yaml
+             "cluster": {"failed_first": failed_first}}  # off as in configs/nightly.yaml, on for PRs
     (folder / "sched.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     return folder / "sched.yaml"
 
@@ -144,6 +144,10 @@ def report(title: str, cells: list[dict], known: list[dict] | None) -> None:
     print(f"static longest-first partition across nodes, planned on what the scheduler knew: {fair:.1f} s "
           f"({fair / bound:.2f} x lower bound); planned on the durations as they turned out: {oracle:.1f} s "
           f"({oracle / bound:.2f} x)")
+    failures = [c["timings"]["ended_at"] - start for c in cells if c["status"] == "fail"]
+    if failures:
+        print(f"first confirmed regression after {min(failures):.1f} s ({min(failures) / makespan:.0%} of the makespan); "
+              f"all {len(failures)} after {max(failures):.1f} s")
     loaded: set[tuple[str, str]] = set()
     warm = 0
     for cell in sorted(cells, key=lambda c: c["timings"]["started_at"]):
@@ -170,6 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds-per-minute", type=float, default=1.0,
                         help="how the real minutes of load and evaluation are scaled down (default 1 s per minute)")
+    parser.add_argument("--failed-first", action="store_true",
+                        help="run cells that failed last time first (cluster.failed_first, as PR jobs do)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the suite, world and results here instead of a temporary folder")
     arguments = parser.parse_args()
@@ -179,7 +185,7 @@ def main() -> None:
     if arguments.keep is not None:
         arguments.keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() if arguments.keep is None else contextlib.nullcontext(arguments.keep) as folder:
-        suite = setup(Path(folder), scale)
+        suite = setup(Path(folder), scale, arguments.failed_first)
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
         for _ in range(NODES):
             cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)

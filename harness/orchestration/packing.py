@@ -15,8 +15,10 @@ a tp-8 cell is waiting for. The policy:
   in seconds, unless something else holds those GPUs for longer than SLOT_PATIENCE_S); a later
   cell may use that node only if it is expected to end before then, or if it fits in GPUs the
   reserved cell will not need (EASY backfilling); with no duration known at all (the first cells
-  of a new suite) nothing backfills. One reservation per node (conservative backfilling) was
-  measured too: it left more GPUs idle while the next width phase gathered;
+  of a new suite) nothing backfills. Later cells reserve only nodes whose slots are still
+  starting, so that the narrow cells further down the queue do not take each slot as it comes up
+  at the start of a run; one reservation per node at all times (conservative backfilling) was
+  measured too, and left more GPUs idle while the next width phase gathered;
 - within a node a tp-k cell takes an aligned block of k GPUs when one is idle (0-3, 4-7, ...),
   which keeps blocks whole for the next wide cell and matches how GPUs share switches.
 """
@@ -157,11 +159,12 @@ class Packer:
         placements: list[Placement] = []
         reserved: dict[str, _Reservation] = {}
         most_idle = max((len(n.idle) for n in self.nodes.values()), default=0)
+        starting = any(n.coming(now) for n in self.nodes.values())
         for cell in queue:
             if most_idle == 0:
                 break
-            if reserved and cell.gpus > most_idle and len(reserved) == len(self.nodes):
-                continue  # fits nowhere, and every node is reserved
+            if reserved and cell.gpus > most_idle and not starting:
+                continue  # fits nowhere, and with no slot starting it may not reserve either
             eligible = self._eligible(cell)
             fitting = [n for n in eligible if len(n.idle) >= cell.gpus
                        and self._may_use(cell, now, reserved.get(n.node_id))]
@@ -174,9 +177,8 @@ class Packer:
                 placements.append(self._start(cell, node, now))
                 most_idle = max(len(n.idle) for n in self.nodes.values())
                 continue
-            # The first cell that fits nowhere reserves a node (EASY backfilling); a later one only a
-            # node whose slots are merely still starting, so that as slots come up one by one the
-            # narrow cells further down the queue do not take them from the wide cells ahead.
+            # The first cell that fits nowhere reserves a node; a later one only a node whose slots
+            # are merely still starting (see the module's docstring).
             reservation = self._reserve([n for n in eligible if n.node_id not in reserved], cell, now)
             if reservation is not None and (not reserved or reservation.shadow <= now):
                 reserved[reservation.node.node_id] = reservation
