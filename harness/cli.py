@@ -7,18 +7,17 @@ than requested (`fail`, `mismatch`); 3 no regression but some cells are `error`/
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from harness.config import LoadedSuite, load_suite
 from harness.errors import ConfigError
-from harness.matrix import Matrix, expand, select
+from harness.matrix import Matrix, expand, select, select_listed
+from harness.report import plan_json, print_plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,18 +44,6 @@ def _load(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
     return loaded, matrix
 
 
-def keep_listed(matrix: Matrix, path: Path) -> Matrix:
-    """The cells whose ids `path` lists (one per line), with their reference cells."""
-    try:
-        wanted = {line.strip() for line in path.read_text().splitlines() if line.strip()}
-    except OSError as error:
-        raise ConfigError(f"--cells {path}: {error.strerror}") from None
-    unknown = wanted - {c.cell_id for c in matrix.cells}
-    if unknown:
-        raise ConfigError(f"--cells {path}: not cells of this suite: {', '.join(sorted(unknown)[:5])}")
-    return select(matrix, None if not wanted else "|".join(sorted(wanted)), ids=wanted)
-
-
 @app.command()
 def plan(suite: SuiteArg, selection: SelectOpt = None,
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
@@ -69,32 +56,9 @@ def plan(suite: SuiteArg, selection: SelectOpt = None,
     except ConfigError as error:
         _fail(error)
     if as_json:
-        print(json.dumps({
-            "suite": loaded.suite.suite, "engine": loaded.suite.engine,
-            "cells": [{"cell_id": c.cell_id, "model": c.model.id, "model_path": c.model.path, "factors": c.factors,
-                       "tp": c.model.tp, "reference_cell": c.reference_cell, "flags": list(c.flags),
-                       "expected": c.expected} for c in matrix.cells],
-            "skipped": [{"cell_id": s.cell_id, "reason": s.reason} for s in matrix.skipped]}, indent=2))
-        return
-    table = Table(title=f"{loaded.suite.suite}: {len(matrix.cells)} cells ({loaded.suite.engine})", header_style="bold")
-    for column in ("cell", "tp", "reference", "server flags"):
-        table.add_column(column)
-    for cell in matrix.cells:
-        table.add_row(cell.cell_id, str(cell.model.tp), cell.reference_cell or "[bold](reference)[/]",
-                      " ".join(cell.flags) or "-")
-    console.print(table)
-    gpus = sum(c.model.tp for c in matrix.cells)
-    console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
-                  f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
-    if any("auto" in values for values in loaded.suite.axes.values() if isinstance(values, list)):
-        console.print("[dim]`auto` is shown as sglang's documented backends; `run` reads them from the "
-                      "installed sglang on a worker[/]")
-    by_reason: dict[str, list[str]] = {}
-    for skipped in matrix.skipped:
-        by_reason.setdefault(skipped.reason, []).append(skipped.cell_id)
-    for reason, ids in by_reason.items():
-        shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more; --json lists all)" if len(ids) > 3 else "")
-        console.print(f"[dim]excluded {len(ids)}: {reason}: {shown}[/]")
+        print(plan_json(loaded, matrix))
+    else:
+        print_plan(console, loaded, matrix)
 
 
 @app.command()
@@ -136,7 +100,7 @@ def run(
             raise ConfigError(f"--num-questions: must be at least 1 (got {num_questions})")
         loaded, matrix = _load(suite, selection)
         if cells_file is not None:
-            matrix = keep_listed(matrix, cells_file)
+            matrix = select_listed(matrix, cells_file)
         updates = {} if num_questions is None else {"num_questions": num_questions}
         loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
         spec = loaded.suite
@@ -159,7 +123,7 @@ def run(
         with ray_cluster(loaded, ray_address):
             matrix = expand_auto(loaded, selection, data.source) or matrix
             if cells_file is not None:
-                matrix = keep_listed(matrix, cells_file)
+                matrix = select_listed(matrix, cells_file)
             check_fits(matrix)
             _, _, code = Driver(loaded, matrix, data, protocol_plan, options, console).run()
     except ConfigError as error:
@@ -338,16 +302,9 @@ def dashboard(
         _fail(error)
     console.print(f"dashboard: {target}")
     if tracking_uri:
-        from harness.compare import runs_of
-        from harness.tracking import Tracker
+        from harness.dashboard import log_on_latest_run
 
-        latest = runs_of(results_dir, suite)[-1]
-        if latest.mlflow_run_id:
-            tracker = Tracker(tracking_uri)
-            tracker.start(latest, {})
-            tracker.log_artifact_text(latest.mlflow_run_id, target.read_text(), "dashboard.html")
-            console.print(f"logged as dashboard.html on MLflow run {latest.mlflow_run_id}"
-                          + (f" (failed: {tracker.error})" if tracker.error else ""))
+        console.print(log_on_latest_run(results_dir, suite, target, tracking_uri))
     if serve:
         from harness.serve import serve_page
 

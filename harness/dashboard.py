@@ -157,3 +157,17 @@ def build_html(data: DashboardInput) -> str:
         heatmap=heatmap_figure(latest).to_html(full_html=False, include_plotlyjs=True, div_id="heatmap-plot"),
         diff=diff_table(data),
         history=history_figure(data).to_html(full_html=False, include_plotlyjs=False, div_id="history-plot"))
+
+
+def log_on_latest_run(results_dir: Path, suite: str, page: Path, tracking_uri: str) -> str:
+    """Attach the built page to the suite's latest parent run in MLflow; what happened, in words."""
+    from harness.tracking import Tracker
+
+    latest = runs_of(results_dir, suite)[-1]
+    if not latest.mlflow_run_id:
+        return f"not logged: run {latest.run_id} has no MLflow run (`regress sync {latest.run_id}` uploads it)"
+    tracker = Tracker(tracking_uri)
+    tracker.start(latest, {})
+    tracker.log_artifact_text(latest.mlflow_run_id, page.read_text(), "dashboard.html")
+    return f"logged as dashboard.html on MLflow run {latest.mlflow_run_id}" + (
+        f" (failed: {tracker.error})" if tracker.error else "")

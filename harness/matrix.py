@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.config import (
@@ -239,3 +240,15 @@ def select(matrix: Matrix, expression: str | None, ids: set[str] | None = None) 
         raise ConfigError(f"--select {expression!r} selects no cell; `regress plan SUITE` lists the cell ids")
     chosen |= {cell.reference_cell for cell in matrix.cells if cell.cell_id in chosen and cell.reference_cell}
     return Matrix(tuple(c for c in matrix.cells if c.cell_id in chosen), matrix.skipped)
+
+
+def select_listed(matrix: Matrix, path: Path) -> Matrix:
+    """The cells whose ids the file at `path` lists (one per line; `--cells`), with their reference cells."""
+    try:
+        wanted = {line.strip() for line in path.read_text().splitlines() if line.strip()}
+    except OSError as error:
+        raise ConfigError(f"--cells {path}: {error.strerror}") from None
+    unknown = wanted - {c.cell_id for c in matrix.cells}
+    if unknown:
+        raise ConfigError(f"--cells {path}: not cells of this suite: {', '.join(sorted(unknown)[:5])}")
+    return select(matrix, None if not wanted else "|".join(sorted(wanted)), ids=wanted)

@@ -1,14 +1,50 @@
-"""What people read: the console table, summary.md, junit.xml."""
+"""What people read: the plan of a suite, the console table, summary.md, junit.xml."""
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
 
+from harness.config import LoadedSuite
+from harness.matrix import Matrix
 from harness.records import CellResult, RunInfo, Status
+
+
+def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:
+    """`regress plan --json`: every cell with its flags and reference, and what is excluded."""
+    return json.dumps({
+        "suite": loaded.suite.suite, "engine": loaded.suite.engine,
+        "cells": [{"cell_id": c.cell_id, "model": c.model.id, "model_path": c.model.path, "factors": c.factors,
+                   "tp": c.model.tp, "reference_cell": c.reference_cell, "flags": list(c.flags),
+                   "expected": c.expected} for c in matrix.cells],
+        "skipped": [{"cell_id": s.cell_id, "reason": s.reason} for s in matrix.skipped]}, indent=2)
+
+
+def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
+    """`regress plan`: the cells as a table, the GPU-slots they need, and the excluded cells by reason."""
+    table = Table(title=f"{loaded.suite.suite}: {len(matrix.cells)} cells ({loaded.suite.engine})", header_style="bold")
+    for column in ("cell", "tp", "reference", "server flags"):
+        table.add_column(column)
+    for cell in matrix.cells:
+        table.add_row(cell.cell_id, str(cell.model.tp), cell.reference_cell or "[bold](reference)[/]",
+                      " ".join(cell.flags) or "-")
+    console.print(table)
+    gpus = sum(c.model.tp for c in matrix.cells)
+    console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
+                  f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
+    if any("auto" in values for values in loaded.suite.axes.values() if isinstance(values, list)):
+        console.print("[dim]`auto` is shown as sglang's documented backends; `run` reads them from the "
+                      "installed sglang on a worker[/]")
+    by_reason: dict[str, list[str]] = {}
+    for skipped in matrix.skipped:
+        by_reason.setdefault(skipped.reason, []).append(skipped.cell_id)
+    for reason, ids in by_reason.items():
+        shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more; --json lists all)" if len(ids) > 3 else "")
+        console.print(f"[dim]excluded {len(ids)}: {reason}: {shown}[/]")
 
 
 def _accuracy(result: CellResult) -> str:
