@@ -3,8 +3,9 @@
 The scheduler (`scheduler`) keeps the GPUs busy; the driver decides what it runs and in which
 priority (`packing.priority_order`): recent failures first when `cluster.failed_first`, each
 reference cell ahead of the cells compared with it (a cell that finishes before its reference
-waits for it to be judged), then by width and learned duration. Ctrl-C or SIGTERM kills every slot (their
-servers die with them), keeps the finished cells, and leaves a run that `--resume` completes.
+waits for it to be judged), then by width and learned duration. Ctrl-C or SIGTERM kills every
+slot (their servers die with them), keeps the finished cells, and leaves a run that `--resume`
+completes.
 """
 
 from __future__ import annotations
