@@ -162,7 +162,8 @@ class Scheduler:
         busy = sum(len(e.placement.gpus) for e in running.values())
         state = f"queued {len(queue)} · running {len(running)} · GPUs busy {busy}/{busy + len(packer.idle())}"
         if self.expected_end is not None:
-            state += f" · expected to end in {max(0.0, self.expected_end - time.time()) / 60:.0f} min"
+            left = max(0.0, self.expected_end - time.time())
+            state += f" · expected to end in {left:.0f} s" if left < 90 else f" · expected to end in {left / 60:.0f} min"
         return state
 
     def _homeless(self, queue: list[Cell], packer: Packer, since: dict[str, float]) -> list[tuple[Cell, str]]:
