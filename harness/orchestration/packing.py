@@ -193,21 +193,20 @@ class Packer:
                 return node.node_id, gpus
         return None
 
-    def running_on(self, node_id: str) -> list[str]:
-        node = self.nodes.get(node_id)
-        return list(node.busy) if node else []
-
     def _eligible(self, cell: Cell) -> list[_Node]:
         return [n for n in self.nodes.values() if not cell.model.gpu_type or cell.model.gpu_type in n.types]
 
+    def _guess(self, cell: Cell) -> float | None:
+        # A cell nothing is known of counts as typical once anything is: a wrong guess delays a
+        # reserved cell by at most one cell, while no guess would leave the GPUs idle.
+        return self.durations.expect(cell) or self.durations.typical()
+
     def _expected_end(self, cell: Cell, now: float) -> float:
-        expected = self.durations.expect(cell) or self.durations.typical()
+        expected = self._guess(cell)
         return now + expected if expected is not None else math.inf
 
     def _ends_before(self, cell: Cell, now: float, reservation: _Reservation) -> bool:
-        # A cell nothing is known of counts as typical once anything is: a wrong guess delays the
-        # reserved cell by at most one cell, while no guess would leave the GPUs idle.
-        expected = self.durations.expect(cell) or self.durations.typical()
+        expected = self._guess(cell)
         return expected is not None and now + expected <= reservation.shadow
 
     def _may_use(self, cell: Cell, now: float, reservation: _Reservation | None) -> bool:
