@@ -16,13 +16,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.config import GateSpec  # noqa: E402
 from harness.gate.sequential import EarlyStop  # noqa: E402
 from harness.gate.verdict import judge  # noqa: E402
 from harness.gsm8k.dataset import load_gsm8k  # noqa: E402
 from harness.gsm8k.evaluator import score  # noqa: E402
-from harness.records import CellOutcome, QuestionRecord, Status  # noqa: E402
+from harness.results.records import CellOutcome, QuestionRecord, Status  # noqa: E402
 from harness.sim.world import Bug, SimModel, World  # noqa: E402
+from harness.suite.config import GateSpec  # noqa: E402
 
 MODELS = {"kimi": 0.90, "dsv2": 0.90}
 FLOOR = 0.88  # as tight as sglang's CI writes them (Kimi-Linear: mean 0.899, threshold 0.88)

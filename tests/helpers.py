@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.config import Suite
 from harness.engine.launch import LaunchSpec
-from harness.matrix import Cell, expand
+from harness.suite.config import Suite
+from harness.suite.matrix import Cell, expand
 
 ROOT = Path(__file__).resolve().parent.parent
 INCIDENT_WORLD = ROOT / "configs" / "sim" / "incident.yaml"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import load_suite
 from harness.errors import ConfigError
+from harness.suite.config import load_suite
 
 GOOD = """
 suite: t

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.dashboard import build_html, load_input
-from harness.records import CellResult, QuestionRecord, RunInfo, Status
-from harness.store import ResultsStore
+from harness.analysis.dashboard import build_html, load_input
+from harness.results.records import CellResult, QuestionRecord, RunInfo, Status
+from harness.results.store import ResultsStore
 
 BACKENDS = ("fa3", "triton")
 

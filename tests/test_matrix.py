@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import Suite
 from harness.errors import ConfigError
-from harness.matrix import expand, select
+from harness.suite.config import Suite
+from harness.suite.matrix import expand, select
 
 
 def suite(**overrides) -> Suite:

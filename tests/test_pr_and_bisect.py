@@ -12,12 +12,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from harness.bisect import bisect_commits
+from harness.bisect.search import bisect_commits
 from harness.cli import app
-from harness.config import load_suite
-from harness.matrix import expand
-from harness.records import CellOutcome, Score, Throughput
-from harness.selection import load_selection, select_cells
+from harness.results.records import CellOutcome, Score, Throughput
+from harness.suite.config import load_suite
+from harness.suite.matrix import expand
+from harness.suite.selection import load_selection, select_cells
 from tests.helpers import INCIDENT_WORLD, ROOT
 
 RULES = load_selection(ROOT / "configs" / "selection.yaml")

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.records import CellResult
+from harness.results.records import CellResult
 from tests.helpers import INCIDENT_WORLD, ROOT
 
 CONTRACT_FIELDS = {"cell_id", "model", "factors", "args", "resolved", "status", "reason", "accuracy", "n", "correct",
@@ -192,11 +192,11 @@ def test_fail_fast_stops_at_the_first_regression(ray_local, tmp_path):
 
 
 def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(tmp_path):
-    from harness.config import load_suite
-    from harness.matrix import expand
-    from harness.orchestration.driver import Driver, RunOptions
-    from harness.orchestration.estimates import Durations
-    from harness.records import Status, Timings
+    from harness.results.records import Status, Timings
+    from harness.run.pipeline import Driver, RunOptions
+    from harness.run.scheduling.durations import Durations
+    from harness.suite.config import load_suite
+    from harness.suite.matrix import expand
 
     loaded = load_suite(ROOT / "configs" / "demo.yaml")
     matrix = expand(loaded.suite)
@@ -251,7 +251,7 @@ def test_inconclusive_cells_are_extended_with_train_questions_and_decided(ray_lo
 
 def test_a_cell_no_node_can_hold_waits_then_says_why_and_the_rest_run(ray_local, tmp_path, monkeypatch):
     """Nodes that left (or never joined): the cell is `error` after cluster.wait_for_nodes_s."""
-    monkeypatch.setattr("harness.orchestration.cluster.check_fits", lambda matrix: None)  # as if a node left later
+    monkeypatch.setattr("harness.run.ray.cluster.check_fits", lambda matrix: None)  # as if a node left later
     suite = tmp_path / "wide.yaml"
     suite.write_text(f"""
 suite: wide

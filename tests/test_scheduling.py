@@ -7,12 +7,18 @@ import itertools
 
 import pytest
 
-from harness.config import Suite
-from harness.matrix import Cell, expand
-from harness.orchestration.estimates import Durations
-from harness.orchestration.forecast import Forecast, forecast, improve
-from harness.orchestration.packing import SLOT_PATIENCE_S, Packer, pick_gpus, priority_class, priority_order
-from harness.records import CellResult, Status, Timings
+from harness.results.records import CellResult, Status, Timings
+from harness.run.scheduling.durations import Durations
+from harness.run.scheduling.forecast import Forecast, forecast, improve
+from harness.run.scheduling.placement import (
+    SLOT_PATIENCE_S,
+    Packer,
+    pick_gpus,
+    priority_class,
+    priority_order,
+)
+from harness.suite.config import Suite
+from harness.suite.matrix import Cell, expand
 
 
 def cells(models: list[dict], backends: tuple[str, ...] = ("triton", "fa3")) -> dict[str, Cell]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine.server import free_port
-from harness.orchestration.jobs import Submission, entrypoint, runtime_env_for
+from harness.run.ray.jobs import Submission, entrypoint, runtime_env_for
 from tests.helpers import ROOT
 
 RAY = str(Path(sys.executable).parent / "ray")

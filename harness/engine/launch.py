@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
-from harness.matrix import Cell
+from harness.suite.matrix import Cell
 
 ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "harness.sim"}
 LOOPBACK = "127.0.0.1"

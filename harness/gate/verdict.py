@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.config import GateSpec
 from harness.gate.stats import below_floor_p, paired_comparison, wilson_interval
-from harness.records import CellOutcome, QuestionRecord, Status
+from harness.results.records import CellOutcome, QuestionRecord, Status
+from harness.suite.config import GateSpec
 
 
 @dataclass(frozen=True)

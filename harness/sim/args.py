@@ -10,8 +10,8 @@ import argparse
 import random
 from typing import Any
 
-from harness.config import SGLANG_ATTENTION_BACKENDS
 from harness.sim.world import World
+from harness.suite.config import SGLANG_ATTENTION_BACKENDS
 
 
 def build_parser(backends: list[str] | None = None) -> argparse.ArgumentParser:

@@ -6,16 +6,16 @@ import sys
 
 import pytest
 
-from harness.config import load_suite
 from harness.engine.launch import LaunchSpec
 from harness.engine.verify import mismatches
-from harness.matrix import expand
 from harness.sim.args import build_parser
+from harness.suite.config import load_suite
+from harness.suite.matrix import expand
 
 NIGHTLY = load_suite("configs/nightly.yaml").suite
 CELLS = expand(NIGHTLY).cells
 
-# Written out independently of harness.matrix, from DESIGN.md's table of axes.
+# Written out independently of harness.suite.matrix, from DESIGN.md's table of axes.
 AXIS_FLAGS = {
     ("attention_backend", "default"): [],
     ("unified_memory", "on"): ["--enable-unified-memory"], ("unified_memory", "off"): [],

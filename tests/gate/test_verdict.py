@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from harness.config import GateSpec
 from harness.gate.stats import paired_comparison, wilson_interval
 from harness.gate.verdict import judge
 from harness.gsm8k.evaluator import score
-from harness.records import CellOutcome, QuestionRecord, Status
+from harness.results.records import CellOutcome, QuestionRecord, Status
+from harness.suite.config import GateSpec
 
 GATE = GateSpec(alpha=0.01, min_effect=0.02)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from harness.config import GateSpec
 from harness.engine.server import ServerProcess
 from harness.gate.verdict import judge
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import build_plan
-from harness.records import CellOutcome, Status
+from harness.results.records import CellOutcome, Status
+from harness.suite.config import GateSpec
 from tests.helpers import fault_world, make_cell, sim_spec
 
 CELL = make_cell({"attention_backend": "triton"})

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.config import (
+from harness.errors import ConfigError
+from harness.suite.config import (
     BACKEND_AXES,
     SGLANG_ATTENTION_BACKENDS,
     ModelSpec,
@@ -21,7 +22,6 @@ from harness.config import (
     axis_value_names,
     did_you_mean,
 )
-from harness.errors import ConfigError
 
 # Short names keep cell ids readable in tables, file names and MLflow run names.
 AXIS_ABBREVIATIONS = {

@@ -8,17 +8,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from harness.bisect import BisectResult, bisect_commits
-from harness.config import LoadedSuite, load_suite
+from harness.bisect.search import BisectResult, bisect_commits
 from harness.errors import ConfigError
 from harness.gate.verdict import judge
 from harness.gsm8k.dataset import load_gsm8k
 from harness.gsm8k.protocol import build_plan
-from harness.matrix import Cell, Matrix, expand
-from harness.orchestration.cluster import check_fits, ray_cluster
-from harness.orchestration.driver import Driver, RunOptions
-from harness.records import CellOutcome, Status
+from harness.results.records import CellOutcome, Status
+from harness.run.pipeline import Driver, RunOptions
+from harness.run.ray.cluster import check_fits, ray_cluster
 from harness.sim.world import load_world
+from harness.suite.config import LoadedSuite, load_suite
+from harness.suite.matrix import Cell, Matrix, expand
 
 
 def commit_list(loaded: LoadedSuite, good: str, bad: str, repo: Path | None) -> list[str]:

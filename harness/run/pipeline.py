@@ -21,8 +21,6 @@ from pathlib import Path
 from rich.console import Console
 
 from harness import __version__
-from harness.assemble import cell_result, close_run, sink_cell
-from harness.config import LoadedSuite
 from harness.engine.launch import LaunchSpec, default_python
 from harness.gate.attribution import explain
 from harness.gate.sequential import EarlyStop
@@ -31,16 +29,18 @@ from harness.gate.verdict import judge
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, score
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.matrix import Cell, Matrix
-from harness.orchestration.cluster import engine_env
-from harness.orchestration.estimates import Durations
-from harness.orchestration.packing import priority_class, priority_order
-from harness.orchestration.scheduler import Interrupted, OnOutcome, Scheduler
-from harness.orchestration.worker import CellJob
-from harness.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
-from harness.report import print_summary
-from harness.store import ResultsStore, new_run_id
-from harness.tracking import Tracker
+from harness.results.assemble import cell_result, close_run, sink_cell
+from harness.results.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
+from harness.results.reporting import print_summary
+from harness.results.store import ResultsStore, new_run_id
+from harness.results.tracking import Tracker
+from harness.run.ray.cluster import engine_env
+from harness.run.ray.scheduler import Interrupted, OnOutcome, Scheduler
+from harness.run.ray.worker import CellJob
+from harness.run.scheduling.durations import Durations
+from harness.run.scheduling.placement import priority_class, priority_order
+from harness.suite.config import LoadedSuite
+from harness.suite.matrix import Cell, Matrix
 
 
 @dataclass
@@ -133,7 +133,7 @@ class Driver:
 
     def _find_history(self, current_run_id: str) -> ResultsStore | None:
         """The latest earlier run of this suite with the same protocol fingerprint."""
-        from harness.compare import runs_of
+        from harness.analysis.compare import runs_of
 
         for info in reversed(runs_of(self.options.results_dir, self.suite.suite)):
             if info.run_id != current_run_id and info.protocol_fingerprint == self.plan.fingerprint:

@@ -10,10 +10,10 @@ from typing import Any
 
 import ray
 
-from harness.config import BACKEND_AXES, LoadedSuite
 from harness.engine.launch import default_python
 from harness.errors import ConfigError
-from harness.matrix import Matrix, expand, select
+from harness.suite.config import BACKEND_AXES, LoadedSuite
+from harness.suite.matrix import Matrix, expand, select
 
 
 @contextlib.contextmanager

@@ -14,10 +14,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from harness.config import LoadedSuite, load_suite
 from harness.errors import ConfigError
-from harness.matrix import Matrix, expand, select, select_listed
-from harness.report import plan_json, print_plan
+from harness.results.reporting import plan_json, print_plan
+from harness.suite.config import LoadedSuite, load_suite
+from harness.suite.matrix import Matrix, expand, select, select_listed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
@@ -90,10 +90,10 @@ def run(
     """
     from harness.gsm8k.dataset import load_gsm8k
     from harness.gsm8k.protocol import build_plan
-    from harness.orchestration.cluster import check_fits, expand_auto, ray_cluster
-    from harness.orchestration.driver import Driver, RunOptions
+    from harness.results.tracking import default_tracking_uri
+    from harness.run.pipeline import Driver, RunOptions
+    from harness.run.ray.cluster import check_fits, expand_auto, ray_cluster
     from harness.sim.world import load_world
-    from harness.tracking import default_tracking_uri
 
     try:
         if num_questions is not None and num_questions < 1:
@@ -117,7 +117,7 @@ def run(
                              tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir),
                              ray_address=ray_address)
         if resume:
-            from harness.store import ResultsStore
+            from harness.results.store import ResultsStore
 
             ResultsStore.existing(results_dir, resume)
         with ray_cluster(loaded, ray_address):
@@ -151,12 +151,12 @@ def eval_server(
 
     Example: `regress eval --base-url http://127.0.0.1:30000 --protocol sglang-fewshot --num-questions 200 --floor 0.88`
     """
-    from harness.config import GateSpec
     from harness.gsm8k.dataset import load_gsm8k
     from harness.gsm8k.evaluator import EvalSettings
     from harness.gsm8k.protocol import build_plan
-    from harness.single import EvalRequest, run_eval
-    from harness.tracking import default_tracking_uri
+    from harness.results.tracking import default_tracking_uri
+    from harness.run.external import EvalRequest, run_eval
+    from harness.suite.config import GateSpec
 
     try:
         if protocol not in ("clean", "sglang-fewshot", "chat"):
@@ -191,7 +191,7 @@ def compare(
     """
     from rich.markdown import Markdown
 
-    from harness.compare import changes_markdown, compare_runs, load_run, resolve_run
+    from harness.analysis.compare import changes_markdown, compare_runs, load_run, resolve_run
 
     try:
         old = load_run(resolve_run(results_dir, before))
@@ -219,7 +219,7 @@ def select_for_change(
 
     Example: `regress select configs/pr.yaml --git-diff origin/main..HEAD --repo ../sglang --write cells.txt`
     """
-    from harness.selection import changed_files_from_git, load_selection, select_cells
+    from harness.suite.selection import changed_files_from_git, load_selection, select_cells
 
     try:
         loaded, matrix = _load(suite, None)
@@ -261,7 +261,7 @@ def bisect(
     Example: `regress bisect --suite configs/nightly.yaml --cell kimi-linear.ab-fa3.um-on.rc-on.cp-default.wrapper-none
     --good v0.5.5 --bad main --repo ../sglang`
     """
-    from harness.bisect_run import run_bisect
+    from harness.bisect.search.probes import run_bisect
 
     try:
         result = run_bisect(suite, cell, good, bad, repo, build, num_questions, results_dir, console)
@@ -286,7 +286,7 @@ def dashboard(
 
     Example: `regress dashboard demo --mlflow-ui http://127.0.0.1:5000 --serve 8080`
     """
-    from harness.dashboard import build_html, load_input
+    from harness.analysis.dashboard import build_html, load_input
 
     target = output or Path("dashboards") / f"{suite}.html"
 
@@ -302,11 +302,11 @@ def dashboard(
         _fail(error)
     console.print(f"dashboard: {target}")
     if tracking_uri:
-        from harness.dashboard import log_on_latest_run
+        from harness.analysis.dashboard import log_on_latest_run
 
         console.print(log_on_latest_run(results_dir, suite, target, tracking_uri))
     if serve:
-        from harness.serve import serve_page
+        from harness.analysis.serve import serve_page
 
         console.print(f"serving on http://127.0.0.1:{serve}/ (Ctrl-C to stop)")
         serve_page(build, serve)
@@ -323,10 +323,10 @@ def sync(
 
     Example: `regress sync demo-20261129-220317-03ad --tracking-uri http://mlflow:5000`
     """
-    from harness.compare import resolve_run
+    from harness.analysis.compare import resolve_run
+    from harness.analysis.sync import sync_run
     from harness.errors import TrackingError
-    from harness.sync import sync_run
-    from harness.tracking import default_tracking_uri
+    from harness.results.tracking import default_tracking_uri
 
     try:
         store = resolve_run(results_dir, run_id)
@@ -357,8 +357,8 @@ def submit(
     --trigger nightly --tracking-uri http://mlflow:5000`
     """
     from harness.errors import InfraError
-    from harness.orchestration.jobs import Submission
-    from harness.orchestration.jobs import submit as submit_job
+    from harness.run.ray.jobs import Submission
+    from harness.run.ray.jobs import submit as submit_job
 
     try:
         loaded, _ = _load(suite, None)

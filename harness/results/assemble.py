@@ -8,10 +8,10 @@ from pathlib import Path
 
 from harness.engine.verify import resolved_subset
 from harness.gate.verdict import Verdict
-from harness.records import CellOutcome, CellResult, RunInfo, Throughput
-from harness.report import counts, junit_xml, summary_markdown
-from harness.store import ResultsStore
-from harness.tracking import Tracker
+from harness.results.records import CellOutcome, CellResult, RunInfo, Throughput
+from harness.results.reporting import counts, junit_xml, summary_markdown
+from harness.results.store import ResultsStore
+from harness.results.tracking import Tracker
 
 
 def cell_result(*, cell_id: str, model: str, factors: dict[str, str], reference_cell: str | None, floor: float,

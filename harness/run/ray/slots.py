@@ -17,9 +17,9 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from harness.matrix import Cell
-from harness.orchestration.packing import Packer, Placement
-from harness.orchestration.worker import GpuSlot
+from harness.run.ray.worker import GpuSlot
+from harness.run.scheduling.placement import Packer, Placement
+from harness.suite.matrix import Cell
 
 NODES_REFRESH_S = 5.0
 

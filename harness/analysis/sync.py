@@ -5,9 +5,9 @@ results run id and cells already logged are skipped, so syncing twice creates no
 from __future__ import annotations
 
 from harness.errors import TrackingError
-from harness.records import RunInfo
-from harness.store import ResultsStore
-from harness.tracking import Tracker
+from harness.results.records import RunInfo
+from harness.results.store import ResultsStore
+from harness.results.tracking import Tracker
 
 
 def sync_run(store: ResultsStore, tracking_uri: str) -> tuple[RunInfo, int]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import fmean
 
-from harness.matrix import Cell
-from harness.records import CellResult, Timings
+from harness.results.records import CellResult, Timings
+from harness.suite.matrix import Cell
 
 
 def held_s(timings: Timings) -> float | None:

@@ -15,8 +15,8 @@ from pathlib import Path
 from harness.errors import ConfigError
 from harness.gate.stats import paired_comparison
 from harness.gate.verdict import correctness
-from harness.records import CellResult, RunInfo, Status
-from harness.store import ResultsStore
+from harness.results.records import CellResult, RunInfo, Status
+from harness.results.store import ResultsStore
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from harness.matrix import Cell
-from harness.orchestration.packing import Packer
+from harness.run.scheduling.placement import Packer
+from harness.suite.matrix import Cell
 
 
 @dataclass(frozen=True, order=True)

@@ -21,15 +21,15 @@ from ray.exceptions import RayActorError, RayError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.config import ClusterSpec
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.matrix import Cell
-from harness.orchestration.estimates import Durations, held_s
-from harness.orchestration.forecast import improve
-from harness.orchestration.packing import Packer, Placement
-from harness.orchestration.slots import Slot, SlotPool
-from harness.orchestration.worker import CellJob
-from harness.records import CellOutcome
+from harness.results.records import CellOutcome
+from harness.run.ray.slots import Slot, SlotPool
+from harness.run.ray.worker import CellJob
+from harness.run.scheduling.durations import Durations, held_s
+from harness.run.scheduling.forecast import improve
+from harness.run.scheduling.placement import Packer, Placement
+from harness.suite.config import ClusterSpec
+from harness.suite.matrix import Cell
 
 WORKER_RETRIES = 1
 # Forecast moves tried before the first placement, then after each finished cell; each is one

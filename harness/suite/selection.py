@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import ConfigError
-from harness.matrix import Matrix
+from harness.suite.matrix import Matrix
 
 
 class _Strict(BaseModel):

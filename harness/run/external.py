@@ -13,8 +13,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness import __version__
-from harness.assemble import cell_result, close_run, sink_cell
-from harness.config import GateSpec
 from harness.engine.server import read_server_info
 from harness.errors import ConfigError, ServerError
 from harness.gate.verdict import judge
@@ -22,10 +20,12 @@ from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.evaluator import Progress as EvalProgress
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.records import CellOutcome, RunInfo, ServerInfo, Timings, run_exit_code
-from harness.report import print_summary
-from harness.store import ResultsStore, new_run_id
-from harness.tracking import Tracker
+from harness.results.assemble import cell_result, close_run, sink_cell
+from harness.results.records import CellOutcome, RunInfo, ServerInfo, Timings, run_exit_code
+from harness.results.reporting import print_summary
+from harness.results.store import ResultsStore, new_run_id
+from harness.results.tracking import Tracker
+from harness.suite.config import GateSpec
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.compare import LoadedRun, compare_runs, load_run, runs_of
+from harness.analysis.compare import LoadedRun, compare_runs, load_run, runs_of
 from harness.errors import ConfigError
-from harness.records import CellResult, Status
-from harness.store import ResultsStore
+from harness.results.records import CellResult, Status
+from harness.results.store import ResultsStore
 
 STATUS_CODE = {Status.PASS: 0, Status.INCONCLUSIVE: 1, Status.ERROR: 2, Status.MISMATCH: 3, Status.FAIL: 4,
                Status.SKIPPED: -1}
@@ -161,7 +161,7 @@ def build_html(data: DashboardInput) -> str:
 
 def log_on_latest_run(results_dir: Path, suite: str, page: Path, tracking_uri: str) -> str:
     """Attach the built page to the suite's latest parent run in MLflow; what happened, in words."""
-    from harness.tracking import Tracker
+    from harness.results.tracking import Tracker
 
     latest = runs_of(results_dir, suite)[-1]
     if not latest.mlflow_run_id:

@@ -9,9 +9,9 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from harness.config import LoadedSuite
-from harness.matrix import Matrix
-from harness.records import CellResult, RunInfo, Status
+from harness.results.records import CellResult, RunInfo, Status
+from harness.suite.config import LoadedSuite
+from harness.suite.matrix import Matrix
 
 
 def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:

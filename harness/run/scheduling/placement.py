@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.matrix import Cell
-from harness.orchestration.estimates import Durations
+from harness.run.scheduling.durations import Durations
+from harness.suite.matrix import Cell
 
 SLOT_PATIENCE_S = 60.0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import TrackingError
-from harness.records import CellResult, QuestionRecord, RunInfo
+from harness.results.records import CellResult, QuestionRecord, RunInfo
 
 
 def default_tracking_uri(results_dir: Path) -> str:

@@ -20,7 +20,7 @@ from harness.errors import InfraError, ServerError
 from harness.gate.sequential import EarlyStop
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.records import CellOutcome, ServerInfo, Timings
+from harness.results.records import CellOutcome, ServerInfo, Timings
 
 LOG_LIMIT_BYTES = 2 * 1024 * 1024
 
