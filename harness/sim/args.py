@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from harness.sim.world import World
-from harness.suite.config import SGLANG_ATTENTION_BACKENDS
+from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS
 
 
 def build_parser(backends: list[str] | None = None) -> argparse.ArgumentParser:
@@ -38,14 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser, backends: list[str] | None = 
     add("--dp-size", type=int, default=1)
     add("--random-seed", type=int, default=None)
     add("--trust-remote-code", action="store_true")
-    add("--attention-backend", choices=choices, default=None)
-    add("--prefill-attention-backend", choices=choices, default=None)
-    add("--decode-attention-backend", choices=choices, default=None)
-    add("--enable-unified-memory", action="store_true")
-    add("--disable-radix-cache", action="store_true")
-    add("--chunked-prefill-size", type=int, default=None)
+    for axis in AXES.values():  # every matrix axis's flag, as sglang spells it
+        axis.add_to_parser(parser, choices)
     add("--mamba-radix-cache-strategy", default=None)
-    add("--enable-deterministic-inference", action="store_true")
     add("--enable-two-batch-overlap", action="store_true")
     add("--nccl-port", type=int, default=None)
     add("--dist-init-addr", default=None)

@@ -182,7 +182,8 @@ def build_app(state: SimState) -> web.Application:
     @routes.get("/get_server_info")
     @routes.get("/server_info")
     async def server_info(_: web.Request) -> web.Response:
-        return web.json_response({**state.resolved, "version": state.world.version})
+        reported = {k: v for k, v in state.resolved.items() if k not in state.world.unreported_fields}
+        return web.json_response({**reported, "version": state.world.version})
 
     @routes.get("/get_model_info")
     async def model_info(_: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import ConfigError
+from harness.suite.axes import server_fields
 
 # Server-info fields that change numerics: two configurations differing in these drift apart.
 NUMERIC_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
@@ -117,6 +118,8 @@ class World(_Strict):
     # Where simulated page caches live: one folder per node (REGRESS_NODE_ID), a file per model
     # loaded there. Relative to the world file. None: every load is cold.
     page_cache_dir: str | None = None
+    # Server-info keys this build does not report (an sglang from before the flag existed).
+    unreported_fields: list[str] = []
 
     def bug_active(self, bug: Bug, commit: str | None) -> bool:
         if bug.since_commit is None:
@@ -168,7 +171,10 @@ class Decision:
 
 
 def configuration_signature(resolved: dict[str, Any]) -> str:
-    return "|".join(f"{key}={resolved.get(key)}" for key in NUMERIC_FIELDS)
+    """The resolved fields that change numerics. Fields of axes registered after these (see
+    `harness.suite.axes`) count only when set, so that registering one keeps every world's answers."""
+    later = [key for key in server_fields() if key not in NUMERIC_FIELDS and resolved.get(key) not in (None, False)]
+    return "|".join(f"{key}={resolved.get(key)}" for key in (*NUMERIC_FIELDS, *later))
 
 
 def unit_hash(*parts: object) -> float:

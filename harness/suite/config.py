@@ -16,20 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import ConfigError
-
-# sglang's `--attention-backend` choices (server_args.py, recent versions; see FACTS.md).
-SGLANG_ATTENTION_BACKENDS: tuple[str, ...] = (
-    "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "cutlass_mla", "fa3", "fa4",
-    "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha",
-    "dual_chunk_flash_attn", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave",
-    "intel_amx", "ascend", "intel_xpu",
-)
-# `default` passes no flag (the server resolves it); `auto` expands to every backend the installed
-# sglang accepts, read on a worker at run time.
-ATTENTION_AXIS_VALUES: tuple[str, ...] = ("default", "auto", *SGLANG_ATTENTION_BACKENDS)
-BACKEND_AXES = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
-SWITCH_AXES = ("unified_memory", "radix_cache", "deterministic_inference")
-BUILTIN_AXES = (*BACKEND_AXES, *SWITCH_AXES, "chunked_prefill")
+from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, backend_axes
 
 Switch = Literal["on", "off"]
 
@@ -37,15 +24,6 @@ Switch = Literal["on", "off"]
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _switch(value: Any) -> str:
-    # YAML 1.1 reads on/off/yes/no as booleans; accept both spellings and keep "on"/"off".
-    if value is True or value in ("on", "true", "yes"):
-        return "on"
-    if value is False or value in ("off", "false", "no"):
-        return "off"
-    raise ValueError(f"{value!r} is not a switch value; allowed: on, off")
 
 
 class Strict(BaseModel):
@@ -184,7 +162,7 @@ class Suite(Strict):
                         raise ValueError(f"{where}: unknown factor; allowed: {', '.join(factor_names)}"
                                          + did_you_mean(key, factor_names))
                     allowed = model_ids if key == "model" else axis_value_names(self.axes[key])
-                    if key in BACKEND_AXES and "auto" in allowed:
+                    if key in backend_axes() and "auto" in allowed:
                         allowed = list(SGLANG_ATTENTION_BACKENDS)  # what `auto` may expand to
                     for value in values:
                         if value not in allowed:
@@ -202,41 +180,26 @@ class Suite(Strict):
 def normalise_axis(name: str, values: Any) -> Any:
     """Check one axis and return its canonical form.
 
-    Built-in axes are lists of values; any other axis is a mapping from a value name to the list
-    of server flags that value adds (a named flag set).
+    A registered axis (`harness.suite.axes`) is a list of values; any other axis is a mapping from
+    a value name to the list of server flags that value adds (a named flag set).
     """
-    if name in BUILTIN_AXES:
+    axis = AXES.get(name)
+    if axis is not None:
         if not isinstance(values, list) or not values:
             raise ValueError(f"axes.{name}: must be a non-empty list of values")
-        out: list[Any] = []
+        out: list[str] = []
         for value in values:
-            if name in BACKEND_AXES:
-                if value not in ATTENTION_AXIS_VALUES:
-                    raise ValueError(f"axes.{name}: unknown attention backend {value!r}; allowed: "
-                                     f"{', '.join(ATTENTION_AXIS_VALUES)}" + did_you_mean(value, ATTENTION_AXIS_VALUES))
-                out.append(value)
-            elif name in SWITCH_AXES:
-                try:
-                    out.append(_switch(value))
-                except ValueError as error:
-                    raise ValueError(f"axes.{name}: {error}") from None
-            else:  # chunked_prefill: off, default, or a positive size in tokens
-                if value in ("off", False):
-                    out.append("off")
-                elif value == "default":
-                    out.append("default")
-                elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    out.append(str(value))
-                else:
-                    raise ValueError(f"axes.chunked_prefill: {value!r} is not allowed; "
-                                     "allowed: off, default, or a positive token count")
+            try:
+                out.append(axis.value(value))
+            except ValueError as error:
+                raise ValueError(f"axes.{name}: {error}" + did_you_mean(value, axis.allowed())) from None
         if len(set(out)) != len(out):
             raise ValueError(f"axes.{name}: repeated values {out}")
         return out
     if not isinstance(values, dict) or not values:
         raise ValueError(f"axes.{name}: a custom axis must map value names to lists of server flags, "
                          f"e.g. {{none: [], tbo: [--enable-two-batch-overlap]}}; built-in axes: "
-                         f"{', '.join(BUILTIN_AXES)}" + did_you_mean(name, BUILTIN_AXES))
+                         f"{', '.join(AXES)}" + did_you_mean(name, list(AXES)))
     for value_name, flags in values.items():
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise ValueError(f"axes.{name}.{value_name}: must be a list of flag strings")

@@ -13,26 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
+from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, abbreviation, backend_axes, reported_flags
 from harness.suite.config import (
-    BACKEND_AXES,
-    SGLANG_ATTENTION_BACKENDS,
     ModelSpec,
     Rule,
     Suite,
     axis_value_names,
     did_you_mean,
 )
-
-# Short names keep cell ids readable in tables, file names and MLflow run names.
-AXIS_ABBREVIATIONS = {
-    "attention_backend": "ab",
-    "prefill_attention_backend": "pab",
-    "decode_attention_backend": "dab",
-    "unified_memory": "um",
-    "radix_cache": "rc",
-    "chunked_prefill": "cp",
-    "deterministic_inference": "di",
-}
 
 
 @dataclass(frozen=True)
@@ -81,57 +69,37 @@ def cell_id_for(model_id: str, factors: dict[str, str]) -> str:
     """Stable, readable id: `kimi-linear.ab-fa3.um-on.rc-on` (axis order as in the suite)."""
     parts = [model_id]
     for axis, value in factors.items():
-        parts.append(f"{AXIS_ABBREVIATIONS.get(axis, axis)}-{value}")
+        parts.append(f"{abbreviation(axis)}-{value}")
     return ".".join(parts)
 
 
 def flags_for(axis: str, value: str, axis_spec: Any) -> tuple[list[str], dict[str, Any]]:
     """The server flags one factor value adds, and the resolved server fields it implies."""
-    if axis in BACKEND_AXES:
-        if value == "default":
-            return [], {}
-        return [f"--{axis.replace('_', '-')}", value], {axis: value}
-    if axis == "unified_memory":
-        return (["--enable-unified-memory"] if value == "on" else []), {"enable_unified_memory": value == "on"}
-    if axis == "deterministic_inference":
-        return (["--enable-deterministic-inference"] if value == "on" else []), {
-            "enable_deterministic_inference": value == "on"}
-    if axis == "radix_cache":
-        return (["--disable-radix-cache"] if value == "off" else []), {"disable_radix_cache": value == "off"}
-    if axis == "chunked_prefill":
-        if value == "default":
-            return [], {}
-        size = -1 if value == "off" else int(value)
-        return ["--chunked-prefill-size", str(size)], {"chunked_prefill_size": size}
+    registered = AXES.get(axis)
+    if registered is not None:
+        return registered.flags(value), registered.expected(value)
     flags = list(axis_spec[value])
     return flags, expectations_from_flags(flags)
 
 
-# Flags whose effect the server reports in its info, so a custom flag set is verified too.
-_VALUE_FLAGS = {"--attention-backend": ("attention_backend", str),
-                "--prefill-attention-backend": ("prefill_attention_backend", str),
-                "--decode-attention-backend": ("decode_attention_backend", str),
-                "--chunked-prefill-size": ("chunked_prefill_size", int)}
-_SWITCH_FLAGS = {"--enable-unified-memory": "enable_unified_memory", "--disable-radix-cache": "disable_radix_cache",
-                 "--enable-two-batch-overlap": "enable_two_batch_overlap",
-                 "--enable-deterministic-inference": "enable_deterministic_inference"}
-
-
-def expectations_from_flags(flags: list[str]) -> dict[str, Any]:
+def expectations_from_flags(flags: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """What the server info must say for flags it is known to report: `--enable-two-batch-overlap`
     -> `{"enable_two_batch_overlap": True}`. Unknown flags are not checked."""
+    known = reported_flags()
     expected: dict[str, Any] = {}
     for position, flag in enumerate(flags):
         name, _, inline = flag.partition("=")
-        if name in _SWITCH_FLAGS:
-            expected[_SWITCH_FLAGS[name]] = True
-        elif name in _VALUE_FLAGS:
-            raw = inline or (flags[position + 1] if position + 1 < len(flags) else "")
-            field_name, kind = _VALUE_FLAGS[name]
-            try:
-                expected[field_name] = kind(raw)
-            except ValueError:
-                continue
+        if name not in known:
+            continue
+        field_name, kind = known[name]
+        if kind is None:
+            expected[field_name] = True
+            continue
+        raw = inline or (flags[position + 1] if position + 1 < len(flags) else "")
+        try:
+            expected[field_name] = kind(raw)
+        except ValueError:
+            continue
     return expected
 
 
@@ -143,7 +111,7 @@ def _expanded_axes(suite: Suite, attention_backends: tuple[str, ...]) -> dict[st
     axes: dict[str, list[str]] = {}
     for axis, spec in suite.axes.items():
         values = axis_value_names(spec)
-        if axis in BACKEND_AXES and "auto" in values:
+        if axis in backend_axes() and "auto" in values:
             values = [v for v in values if v != "auto"] + [b for b in attention_backends if b not in values]
         axes[axis] = values
     return axes

@@ -12,7 +12,8 @@ import ray
 
 from harness.engine.launch import default_python
 from harness.errors import ConfigError
-from harness.suite.config import BACKEND_AXES, LoadedSuite
+from harness.suite.axes import backend_axes
+from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix, expand, select
 
 
@@ -61,7 +62,7 @@ def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | N
     """If an attention axis says `auto`, re-expand with what the cluster's sglang accepts (read on a
     worker with the first model's environment); None when no axis says `auto`."""
     spec = loaded.suite
-    if not any(axis in BACKEND_AXES and "auto" in values for axis, values in spec.axes.items()):
+    if not any(axis in backend_axes() and "auto" in values for axis, values in spec.axes.items()):
         return None
     env = {**engine_env(loaded, data_source), **spec.models[0].env}
     backends = ray.get(_accepted_backends.remote(spec.engine, default_python(spec.python), env))

@@ -66,7 +66,7 @@ async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path) -> tuple[Cel
             version = raw_info.get("version")
             info = info.model_copy(update={"version": None if version is None else str(version), "port": server.port,
                                            "resolved": raw_info})
-            problems = mismatches(cell.expected, raw_info)
+            problems = mismatches(cell.expected, raw_info, server.argv)
             if problems:
                 outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, mismatches=problems)
             else:
