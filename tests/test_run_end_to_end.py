@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.results.records import CellResult
+from harness.results.records import CellResult, RunInfo
+from harness.results.store import ResultsStore
 from tests.helpers import INCIDENT_WORLD, ROOT
 
 CONTRACT_FIELDS = {"cell_id", "model", "factors", "args", "resolved", "status", "reason", "accuracy", "n", "correct",
@@ -193,31 +194,34 @@ def test_fail_fast_stops_at_the_first_regression(ray_local, tmp_path):
 
 def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(tmp_path):
     from harness.results.records import Status, Timings
-    from harness.run.pipeline import Driver, RunOptions
+    from harness.run.history import History
+    from harness.run.pipeline import failed_first
     from harness.run.scheduling.durations import Durations
+    from harness.run.scheduling.placement import priority_order
     from harness.suite.config import load_suite
     from harness.suite.matrix import expand
 
     loaded = load_suite(ROOT / "configs" / "demo.yaml")
     matrix = expand(loaded.suite)
-    driver = Driver(loaded, matrix, None, None, RunOptions(results_dir=tmp_path, tracking_uri=None))
+    cells = list(matrix.cells)
     failed, slow = "kimi-linear.ab-fa3.um-on.rc-on", "kimi-linear.ab-fa3.um-off.rc-off"
-    driver.history_cells = {
-        failed: CellResult(cell_id=failed, model="kimi-linear", factors={}, args=[], resolved={}, status=Status.FAIL,
-                           reason="", timings=Timings(total_s=5)),
-        slow: CellResult(cell_id=slow, model="kimi-linear", factors={}, args=[], resolved={}, status=Status.PASS,
-                         reason="", timings=Timings(total_s=500))}
-    driver.durations = Durations(list(driver.history_cells.values()))
+    store = ResultsStore(tmp_path, "demo-20261101-000000-aaaa")
+    store.write_run(RunInfo(run_id=store.run_id, suite="demo", config_path="x", config_sha256="0", engine="sim",
+                            harness_version="t", protocol="clean", protocol_fingerprint="fp",
+                            started_at="2026-11-01T00:00:00+00:00"))
+    for cell_id, status, seconds in ((failed, Status.FAIL, 5), (slow, Status.PASS, 500)):
+        store.append_cell(CellResult(cell_id=cell_id, model="kimi-linear", factors={}, args=[], resolved={},
+                                     status=status, reason="", timings=Timings(total_s=seconds)))
+    history = History.of(tmp_path, "demo", "fp", "this-run")
+    durations = Durations(history.latest())
     kimi, deepseek = "kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"
-    order = [c.cell_id for c in driver.order(list(matrix.cells))]
+    order = [c.cell_id for c in priority_order(cells, durations, failed_first(cells, history, True))]
     assert order[:3] == [kimi, failed, slow]  # the failure with its reference, then the widest, longest
     for cell in matrix.cells:  # every reference ahead of the cells compared with it
         assert cell.reference_cell is None or order.index(cell.reference_cell) < order.index(cell.cell_id)
     assert order.index(deepseek) == min(i for i, cell_id in enumerate(order) if cell_id.startswith("deepseek"))
     # A nightly may let packing alone decide: the cell that failed (5 s last time) is no longer early.
-    cluster = loaded.suite.cluster.model_copy(update={"failed_first": False})
-    driver.suite = loaded.suite.model_copy(update={"cluster": cluster})
-    order = [c.cell_id for c in driver.order(list(matrix.cells))]
+    order = [c.cell_id for c in priority_order(cells, durations, failed_first(cells, history, False))]
     assert order[:2] == [kimi, slow] and order.index(failed) > 2
 
 

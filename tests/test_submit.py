@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,6 +15,7 @@ import pytest
 from harness.engine.server import free_port
 from harness.run.ray.jobs import Submission, entrypoint, runtime_env_for
 from tests.helpers import ROOT
+from tests.test_faults import processes_mentioning
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -49,7 +52,11 @@ def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
              "--num-questions", "30", "--no-tracking", "--results-dir", str(tmp_path / "results")],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=60)
+        # Only this cluster's processes (they carry its RAY_TMPDIR): `ray stop` would also stop the
+        # test session's own Ray, and every later test on it would lose its driver.
+        for pid in processes_mentioning(ray_tmp):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert "submitted Ray job" in result.stdout
     assert "deepseek-v2-lite.ab-fa3.um-on.rc-on" in result.stdout  # the job's log, streamed
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]

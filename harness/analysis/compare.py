@@ -9,21 +9,39 @@ unless the caller says so.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
+from enum import Enum
 
 from harness.errors import ConfigError
 from harness.gate.stats import paired_comparison
 from harness.gate.verdict import correctness
-from harness.results.records import CellResult, RunInfo, Status
-from harness.results.store import ResultsStore
+from harness.results.catalog import LoadedRun
+from harness.results.records import CellResult, Status
 
 
-@dataclass(frozen=True)
-class LoadedRun:
-    info: RunInfo
-    cells: dict[str, CellResult]
-    store: ResultsStore
+class ChangeKind(str, Enum):
+    """What happened to a cell between two runs; the order is how tables list them."""
+
+    NEWLY_FAILING = "newly failing"
+    STILL_FAILING = "still failing"
+    CHANGED = "changed"  # another verdict, neither a regression nor fixed
+    FIXED = "fixed"
+    NEW = "new"
+    REMOVED = "removed"
+    STILL_UNDECIDED = "still undecided"  # the same error, inconclusive or skipped verdict
+    STILL_PASSING = "still passing"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def rank(self) -> int:
+        return list(ChangeKind).index(self)
+
+    @property
+    def css_class(self) -> str:
+        return self.value.replace(" ", "-")
 
 
 @dataclass(frozen=True)
@@ -34,58 +52,33 @@ class CellChange:
     shared: int
     difference: float | None  # after minus before, on shared questions
     p_value: float | None  # exact two-sided McNemar on shared questions
-    change: str  # newly failing, fixed, still failing, still passing, changed, new, removed
+    change: ChangeKind
 
 
-def runs_of(results_dir: Path, suite: str) -> list[RunInfo]:
-    infos = []
-    for path in Path(results_dir).glob(f"{suite}-*/run.json"):
-        infos.append(RunInfo.model_validate_json(path.read_text()))
-    return sorted((i for i in infos if i.suite == suite and not i.interrupted), key=lambda i: i.started_at)
-
-
-def resolve_run(results_dir: Path, name: str) -> ResultsStore:
-    """A run id, a results folder, or latest:<suite> / previous:<suite>."""
-    if name.startswith(("latest:", "previous:")):
-        which, _, suite = name.partition(":")
-        infos = runs_of(results_dir, suite)
-        needed = 1 if which == "latest" else 2
-        if len(infos) < needed:
-            raise ConfigError(f"{name}: {len(infos)} finished run(s) of suite {suite!r} in {results_dir}")
-        return ResultsStore(results_dir, infos[-needed].run_id)
-    path = Path(name)
-    if (path / "run.json").is_file():
-        return ResultsStore(path.parent, path.name)
-    return ResultsStore.existing(results_dir, name)
-
-
-def load_run(store: ResultsStore) -> LoadedRun:
-    return LoadedRun(store.read_run(), {c.cell_id: c for c in store.cells()}, store)
-
-
-def _change(before: CellResult | None, after: CellResult | None) -> str:
+def change_kind(before: CellResult | None, after: CellResult | None) -> ChangeKind:
     if before is None:
-        return "new"
+        return ChangeKind.NEW
     if after is None:
-        return "removed"
+        return ChangeKind.REMOVED
     was, now = before.status.is_regression, after.status.is_regression
     if now and not was:
-        return "newly failing"
+        return ChangeKind.NEWLY_FAILING
     if was and not now:
-        return "fixed" if after.status is Status.PASS else "changed"
+        return ChangeKind.FIXED if after.status is Status.PASS else ChangeKind.CHANGED
     if now:
-        return "still failing"
+        return ChangeKind.STILL_FAILING
     if before.status == after.status == Status.PASS:
-        return "still passing"
-    return "changed" if before.status != after.status else f"still {after.status.value}"
+        return ChangeKind.STILL_PASSING
+    return ChangeKind.CHANGED if before.status != after.status else ChangeKind.STILL_UNDECIDED
 
 
-def compare_runs(before: LoadedRun, after: LoadedRun, allow_different_protocol: bool = False,
-                 extraction: str = "flexible") -> list[CellChange]:
+def compare_runs(before: LoadedRun, after: LoadedRun, allow_different_protocol: bool = False) -> list[CellChange]:
+    """Every cell of either run, paired on shared questions under the newer run's gating extraction."""
     a, b = before.info.protocol_fingerprint, after.info.protocol_fingerprint
     if a != b and not allow_different_protocol:
         raise ConfigError(f"the runs used different protocols ({a} vs {b}: data, shots, questions, prompt or "
                           "decoding differ); pass --allow-different-protocol to compare anyway")
+    extraction = after.info.extraction
     changes = []
     for cell_id in sorted(before.cells.keys() | after.cells.keys()):
         old, new = before.cells.get(cell_id), after.cells.get(cell_id)
@@ -96,7 +89,7 @@ def compare_runs(before: LoadedRun, after: LoadedRun, allow_different_protocol: 
             if paired is not None:
                 shared, difference = paired.n, paired.accuracy - paired.reference_accuracy
                 p_value = paired.p_change
-        changes.append(CellChange(cell_id, old, new, shared, difference, p_value, _change(old, new)))
+        changes.append(CellChange(cell_id, old, new, shared, difference, p_value, change_kind(old, new)))
     return changes
 
 
@@ -105,17 +98,14 @@ def _accuracy(result: CellResult | None) -> str:
 
 
 def changes_markdown(before: LoadedRun, after: LoadedRun, changes: list[CellChange]) -> str:
-    order = {"newly failing": 0, "still failing": 1, "changed": 2, "fixed": 3, "new": 4, "removed": 5}
     lines = [f"# {after.info.suite}: `{after.info.run_id}` vs `{before.info.run_id}`", "",
              "| change | cell | before | after | diff (shared) | p | status |", "|---|---|---|---|---|---|---|"]
-    for change in sorted(changes, key=lambda c: (order.get(c.change, 9), c.cell_id)):
+    for change in sorted(changes, key=lambda c: (c.change.rank, c.cell_id)):
         diff = "-" if change.difference is None else f"{change.difference:+.3f} ({change.shared})"
         p_value = "-" if change.p_value is None else f"{change.p_value:.2g}"
         status = " → ".join(r.status.value if r else "-" for r in (change.before, change.after))
         lines.append(f"| {change.change} | `{change.cell_id}` | {_accuracy(change.before)} | {_accuracy(change.after)} "
                      f"| {diff} | {p_value} | {status} |")
-    counts: dict[str, int] = {}
-    for change in changes:
-        counts[change.change] = counts.get(change.change, 0) + 1
-    lines += ["", ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda kv: order.get(kv[0], 9)))]
+    counts = Counter(change.change for change in changes)
+    lines += ["", ", ".join(f"{counts[kind]} {kind}" for kind in ChangeKind if counts[kind])]
     return "\n".join(lines) + "\n"

@@ -13,8 +13,9 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.analysis.compare import LoadedRun, compare_runs, load_run, runs_of
+from harness.analysis.compare import compare_runs
 from harness.errors import ConfigError
+from harness.results.catalog import LoadedRun, load_run, runs_of
 from harness.results.records import CellResult, Status
 from harness.results.store import ResultsStore
 
@@ -105,16 +106,15 @@ def diff_table(data: DashboardInput) -> str:
         changes = compare_runs(before, after)
     except ConfigError as error:
         return f"<p>{html.escape(str(error))}</p>"
-    order = {"newly failing": 0, "still failing": 1, "changed": 2, "fixed": 3, "new": 4, "removed": 5}
     rows = []
-    for change in sorted(changes, key=lambda c: (order.get(c.change, 9), c.cell_id)):
+    for change in sorted(changes, key=lambda c: (c.change.rank, c.cell_id)):
         def acc(result: CellResult | None) -> str:
             return "-" if result is None or result.accuracy is None else f"{result.accuracy:.3f}"
 
         diff = "-" if change.difference is None else f"{change.difference:+.3f} ({change.shared})"
         p_value = "-" if change.p_value is None else f"{change.p_value:.2g}"
         link = _run_link(data, after, change.after.mlflow_run_id if change.after else None, change.cell_id)
-        rows.append(f'<tr class="{change.change.replace(" ", "-")}"><td>{change.change}</td><td>{link}</td>'
+        rows.append(f'<tr class="{change.change.css_class}"><td>{change.change}</td><td>{link}</td>'
                     f"<td>{acc(change.before)}</td><td>{acc(change.after)}</td><td>{diff}</td><td>{p_value}</td></tr>")
     return ('<table id="diff"><thead><tr><th>change</th><th>cell</th><th>before</th><th>after</th>'
             "<th>difference (shared questions)</th><th>McNemar p</th></tr></thead><tbody>"

@@ -6,35 +6,34 @@ from __future__ import annotations
 
 from harness.errors import TrackingError
 from harness.results.records import RunInfo
+from harness.results.sinks import FinishedCell, MlflowSink
 from harness.results.store import ResultsStore
-from harness.results.tracking import Tracker
 
 
 def sync_run(store: ResultsStore, tracking_uri: str) -> tuple[RunInfo, int]:
     """Returns the updated run info and how many cells were logged now."""
     info = store.read_run()
     results = store.cells()
-    tracker = Tracker(tracking_uri)
+    sink = MlflowSink(tracking_uri)
     params = {"suite": info.suite, "engine": info.engine, "protocol": info.protocol,
               "protocol_fingerprint": info.protocol_fingerprint, "dataset_sha256": info.dataset_sha256,
               "results_dir": str(store.path), "synced": "true"}
-    parent = tracker.start(info, params)
-    if parent is None:
-        raise TrackingError(f"cannot sync {info.run_id} to {tracking_uri}: {tracker.error}")
-    already = tracker.logged_cells()
+    info = sink.open(info, params)
+    _stop_if_failed(sink, f"cannot sync {info.run_id} to {tracking_uri}")
+    already = sink.tracker.logged_cells()
     updated = []
     for result in results:
         log_path = store.path / "logs" / f"{result.cell_id}.log"
         log = log_path.read_text() if log_path.is_file() else ""
-        run_id = tracker.log_cell(result, store.read_questions(result.cell_id), result.resolved, log)
-        if tracker.error:
-            raise TrackingError(f"sync of {info.run_id} stopped: {tracker.error}; run it again to continue")
-        updated.append(result.model_copy(update={"mlflow_run_id": run_id}))
-    info = info.model_copy(update={"mlflow_run_id": parent, "mlflow_experiment_id": tracker.experiment_id,
-                                   "tracking_uri": tracking_uri, "tracking_error": None})
-    tracker.finish(info, {"summary.md": (store.path / "summary.md").read_text()} if (store.path / "summary.md").exists() else {})
-    if tracker.error:
-        raise TrackingError(f"sync of {info.run_id} stopped: {tracker.error}; run it again to continue")
+        updated.append(sink.cell(FinishedCell(result, store.read_questions(result.cell_id), result.resolved, log)))
+        _stop_if_failed(sink, f"sync of {info.run_id} stopped")
+    info = sink.close(info, updated)
+    _stop_if_failed(sink, f"sync of {info.run_id} stopped")
     store.rewrite_cells(updated)
     store.write_run(info)
     return info, len([r for r in results if r.cell_id not in already])
+
+
+def _stop_if_failed(sink: MlflowSink, what: str) -> None:
+    if sink.tracker.error:
+        raise TrackingError(f"{what}: {sink.tracker.error}; run it again to continue")

@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.bisect.search import BisectResult, bisect_commits
-from harness.errors import ConfigError
+from harness.errors import ConfigError, ProbeError
 from harness.gate.verdict import judge
 from harness.gsm8k.dataset import load_gsm8k
 from harness.gsm8k.protocol import build_plan
 from harness.results.records import CellOutcome, Status
-from harness.run.pipeline import Driver, RunOptions
+from harness.run.pipeline import RunInputs, RunOptions, run_suite
 from harness.run.ray.cluster import check_fits, ray_cluster
 from harness.sim.world import load_world
 from harness.suite.config import LoadedSuite, load_suite
@@ -65,20 +65,19 @@ def run_bisect(suite_path: Path, cell_id: str, good: str, bad: str, repo: Path |
 
     def run_probe(commit: str) -> CellOutcome:
         probe_loaded, probe_cell = _probe_suite(loaded, cells[cell_id], commit, build)
-        driver = Driver(probe_loaded, Matrix((probe_cell,)), data, plan,
-                        RunOptions(results_dir=results_dir, tracking_uri=None, trigger=f"bisect:{commit}", quiet=True),
-                        console)
-        driver.run()
-        outcome = driver.finished.get(cell_id)
+        report = run_suite(RunInputs(probe_loaded, Matrix((probe_cell,)), data, plan),
+                           RunOptions(results_dir=results_dir, tracking_uri=None, trigger=f"bisect:{commit}",
+                                      quiet=True), console)
+        outcome = report.answers.get(cell_id)
         if outcome is None:
-            result = driver.results[cell_id]
-            return CellOutcome(cell_id=cell_id, args=result.args, error=result.reason)
+            result = next(r for r in report.results if r.cell_id == cell_id)
+            raise ProbeError(f"commit {commit} could not be measured: {result.reason}")
         return outcome
 
     def judge_probe(outcome: CellOutcome, reference: CellOutcome) -> tuple[bool, str, float | None]:
         verdict = judge(outcome, cells[cell_id].model.floor, spec.gate, 1, reference)
         if verdict.status is Status.ERROR:
-            raise ConfigError(f"a probe could not be measured: {verdict.reason}")
+            raise ProbeError(f"a probe could not be measured: {verdict.reason}")
         return verdict.status is Status.FAIL, verdict.reason, verdict.accuracy
 
     console.print(f"bisecting {cell_id} over {len(commits)} commits ({good}..{bad})")

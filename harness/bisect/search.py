@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, ProbeError
 from harness.results.records import CellOutcome
 
 
@@ -39,7 +39,7 @@ def bisect_commits(commits: list[str], run_probe: Callable[[str], CellOutcome],
         raise ConfigError("bisect needs at least the good and the bad commit")
     good_outcome = run_probe(commits[0])
     if good_outcome.error or good_outcome.score is None:
-        raise ConfigError(f"the good commit {commits[0]} could not be measured: {good_outcome.error}")
+        raise ProbeError(f"the good commit {commits[0]} could not be measured: {good_outcome.error}")
     probes = [Probe(commits[0], good_outcome.score.accuracy, False, "the good commit: reference answers")]
     low, high = 0, len(commits) - 1  # low is good, high is bad
     while high - low > 1:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from harness.engine.launch import LOOPBACK, LaunchSpec
-from harness.errors import ServerError
+from harness.errors import ErrorKind, ServerError
 
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
@@ -56,7 +56,7 @@ async def read_server_info(base_url: str) -> dict[str, Any] | None:
                     response.raise_for_status()
                     info = await response.json(content_type=None)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
-                raise ServerError(f"cannot read {route}: {error}") from None
+                raise ServerError(f"cannot read {route}: {error}", kind=ErrorKind.SERVER_INFO) from None
             if isinstance(info, dict):
                 return info
     return None
@@ -141,7 +141,7 @@ class ServerProcess:
             while True:
                 code = self.process.poll()
                 if code is not None:
-                    raise ServerError(f"server exited with code {code} during startup", exit_code=code,
+                    raise ServerError(f"server exited with code {code} during startup", process_exit_code=code,
                                       log_tail=tail(self.log_path))
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with session.get(self.base_url + "/health_generate") as response:
@@ -155,7 +155,7 @@ class ServerProcess:
                                              log_tail=tail(self.log_path))
                         return
                 if time.monotonic() > deadline:
-                    raise ServerError(f"server not ready after {self.spec.startup_timeout_s:.0f} s "
+                    raise ServerError(kind=ErrorKind.NOT_READY, message=f"server not ready after {self.spec.startup_timeout_s:.0f} s "
                                       "(startup_timeout_s); it is still running, so it was stopped",
                                       log_tail=tail(self.log_path))
                 await asyncio.sleep(delay)
@@ -169,9 +169,9 @@ class ServerProcess:
         try:
             info = await read_server_info(self.base_url)
         except ServerError as error:
-            raise ServerError(str(error), log_tail=tail(self.log_path)) from None
+            raise ServerError(str(error), kind=ErrorKind.SERVER_INFO, log_tail=tail(self.log_path)) from None
         if info is None:
-            raise ServerError("the server answers neither /server_info nor /get_server_info",
+            raise ServerError("the server answers neither /server_info nor /get_server_info", kind=ErrorKind.SERVER_INFO,
                               log_tail=tail(self.log_path))
         return info
 
@@ -190,12 +190,13 @@ class ServerProcess:
                     return task.result()
                 code = self.process.poll()
                 if code is not None:
-                    raise ServerError(f"server exited with code {code} during evaluation", exit_code=code,
+                    raise ServerError(f"server exited with code {code} during evaluation", process_exit_code=code,
+                                      kind=ErrorKind.CRASHED,
                                       log_tail=tail(self.log_path))
                 if progress is not None and stall_timeout_s is not None:
                     quiet_s = time.monotonic() - progress()
                     if quiet_s > stall_timeout_s and not await self._answers_health(timeout_s=10):
-                        raise ServerError(f"server hung: no answer for {quiet_s:.0f} s and /health_generate "
+                        raise ServerError(kind=ErrorKind.HUNG, message=f"server hung: no answer for {quiet_s:.0f} s and /health_generate "
                                           "does not answer within 10 s", log_tail=tail(self.log_path))
         finally:
             if not task.done():

@@ -11,26 +11,10 @@ Significance is Bonferroni-corrected over the cells tested, so a healthy night s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from harness.errors import ErrorKind
 from harness.gate.stats import below_floor_p, paired_comparison, wilson_interval
-from harness.results.records import CellOutcome, QuestionRecord, Status
+from harness.results.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
-
-
-@dataclass(frozen=True)
-class Verdict:
-    status: Status
-    reason: str
-    accuracy: float | None = None
-    n: int = 0
-    correct: int = 0
-    ci_low: float | None = None
-    ci_high: float | None = None
-    floor_p: float | None = None
-    mcnemar_p: float | None = None
-    agreement: float | None = None
-    history_p: float | None = None
 
 
 def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, bool]:
@@ -44,18 +28,19 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
     """`reference`: the reference cell of this run; `history`: the same cell in the last run of the
     suite where it passed (same protocol). Each is a paired test on the questions both answered."""
     if outcome.error is not None:
-        return Verdict(Status.ERROR, outcome.error)
+        return Verdict(status=Status.ERROR, reason=outcome.error.message, error_kind=outcome.error.kind)
     if outcome.mismatches:
-        return Verdict(Status.MISMATCH, "server did not honour the requested configuration: "
+        return Verdict(status=Status.MISMATCH, reason="server did not honour the requested configuration: "
                        + "; ".join(outcome.mismatches))
     score = outcome.score
     asked = score.n + score.infra_failures if score else 0
     if score is None or asked == 0:
-        return Verdict(Status.ERROR, "no question was asked")
+        return Verdict(status=Status.ERROR, reason="no question was asked", error_kind=ErrorKind.NO_ANSWERS)
     if score.infra_failures / asked > gate.max_infra_failure_rate:
         first = next((r.error for r in outcome.questions if r.error), "")
-        return Verdict(Status.ERROR, f"{score.infra_failures} of {asked} questions failed in transport "
-                       f"(limit {gate.max_infra_failure_rate:.0%}); first: {first}")
+        return Verdict(status=Status.ERROR, error_kind=ErrorKind.TRANSPORT,
+                       reason=f"{score.infra_failures} of {asked} questions failed in transport "
+                              f"(limit {gate.max_infra_failure_rate:.0%}); first: {first}")
     answers = correctness(outcome.questions, gate.extraction)
     n, correct = len(answers), sum(answers.values())
     accuracy = correct / n
@@ -92,5 +77,6 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
                            f"lost {before.losses}, gained {before.gains}, McNemar p={before.p_drop:.2g}")
             if before.p_drop < alpha and before.drop >= gate.min_effect:
                 status = Status.FAIL
-    return Verdict(status, "; ".join(reasons), accuracy, n, correct, low, high, floor_p,
-                   paired.p_drop if paired else None, paired.agreement if paired else None, history_p)
+    return Verdict(status=status, reason="; ".join(reasons), accuracy=accuracy, n=n, correct=correct, ci_low=low,
+                   ci_high=high, floor_p=floor_p, mcnemar_p=paired.p_drop if paired else None,
+                   agreement=paired.agreement if paired else None, history_p=history_p)

@@ -18,13 +18,25 @@ import json
 import random
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
 from harness.errors import ConfigError
 from harness.gsm8k.dataset import Gsm8k, Problem
 from harness.gsm8k.extract import extract_flexible, extract_sglang_integer, extract_strict
 
-ProtocolName = Literal["clean", "sglang-fewshot", "chat"]
+
+class ProtocolName(str, Enum):
+    """The evaluation protocols (see the module docstring)."""
+
+    CLEAN = "clean"
+    SGLANG_FEWSHOT = "sglang-fewshot"
+    CHAT = "chat"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 Endpoint = Literal["completions", "generate", "chat"]
 NUM_SHOTS = 5
 CLEAN_STOP = ("Question:", "</s>", "<|im_end|>")
@@ -100,6 +112,11 @@ def _question_order(count: int, num_questions: int | None, seed: int) -> list[in
 
 def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max_tokens: int = 512) -> ProtocolPlan:
     """Build a protocol's prompts. `num_questions=None` asks the whole test split."""
+    try:
+        name = ProtocolName(name)
+    except ValueError:
+        raise ConfigError(f"protocol: unknown protocol {name!r}; allowed: "
+                          f"{', '.join(p.value for p in ProtocolName)}") from None
     if name == "sglang-fewshot":
         shots = list(range(NUM_SHOTS))
         prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
@@ -108,23 +125,21 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
             raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)}")
         prompts = [Prompt(i, extract_sglang_integer(data.test[i].solution) or "",
                           prefix + _sglang_example(data.test[i], False)) for i in range(count)]
-        return _finish(data, "sglang-fewshot", "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
-    if name not in ("clean", "chat"):
-        raise ConfigError(f"protocol: unknown protocol {name!r}; allowed: clean, sglang-fewshot, chat")
+        return _finish(data, ProtocolName.SGLANG_FEWSHOT, "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
     shots = sorted(random.Random(seed).sample(range(len(data.train)), NUM_SHOTS))
     questions = _question_order(len(data.test), num_questions, seed)
     if name == "clean":
         prefix = "".join(_clean_example(data.train[i]) for i in shots)
         prompts = [Prompt(i, data.test[i].gold, prefix + f"Question: {data.test[i].question}\nAnswer:")
                    for i in questions]
-        return _finish(data, "clean", "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
+        return _finish(data, ProtocolName.CLEAN, "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
     turns: list[tuple[str, str]] = []
     for i in shots:
         turns += [("user", f"Question: {data.train[i].question}"),
                   ("assistant", clean_solution(data.train[i].solution))]
     prompts = [Prompt(i, data.test[i].gold, messages=(*turns, ("user", f"Question: {data.test[i].question}")))
                for i in questions]
-    return _finish(data, "chat", "chat", prompts, (), max_tokens, shots, seed)
+    return _finish(data, ProtocolName.CHAT, "chat", prompts, (), max_tokens, shots, seed)
 
 
 def _clean_example(problem: Problem) -> str:

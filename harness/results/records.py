@@ -1,15 +1,24 @@
-"""Typed records that cross module and process boundaries (see DESIGN.md, results contract)."""
+"""Typed records that cross module and process boundaries (docs/results-contract.md).
+
+`RunInfo` (run.json) and `CellResult` (cells.jsonl) are the contract other tools read; their
+`SCHEMA_VERSION` moves when a field changes meaning or disappears (new optional fields do not).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.errors import ErrorKind
+
+SCHEMA_VERSION = 2  # 1: before schema_version, error_kind and package_versions were recorded
+
 
 class Status(str, Enum):
-    """A cell's verdict. `exit_code_weight` orders them for the run's exit code."""
+    """A cell's verdict; `run_exit_code` turns a run's verdicts into its exit code."""
 
     PASS = "pass"
     FAIL = "fail"
@@ -26,6 +35,9 @@ class Status(str, Enum):
     @property
     def is_undecided(self) -> bool:
         return self in (Status.ERROR, Status.INCONCLUSIVE)
+
+    def __str__(self) -> str:
+        return self.value
 
     @property
     def colour(self) -> str:
@@ -104,6 +116,16 @@ class ServerInfo(Record):
     port: int | None = None
 
 
+class CellError(Record):
+    """Why a cell could not be measured: a kind to count and filter on, and words for people."""
+
+    kind: ErrorKind
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class CellOutcome(Record):
     """What a worker returns for one cell: measurements only, no verdict yet."""
 
@@ -113,21 +135,16 @@ class CellOutcome(Record):
     mismatches: list[str] = []
     score: Score | None = None
     questions: list[QuestionRecord] = []
-    error: str | None = None
+    error: CellError | None = None
     log_path: str | None = None
     log_tail: str = ""
     timings: Timings = Timings()
     stopped_early: str | None = None
 
 
-class CellResult(Record):
-    """One line of cells.jsonl: the contract other tools read."""
+class Verdict(Record):
+    """What the gate decided for one cell, with the numbers behind it (`harness.gate.verdict.judge`)."""
 
-    cell_id: str
-    model: str
-    factors: dict[str, str]
-    args: list[str]
-    resolved: dict[str, Any]
     status: Status
     reason: str
     accuracy: float | None = None
@@ -135,12 +152,24 @@ class CellResult(Record):
     correct: int = 0
     ci_low: float | None = None
     ci_high: float | None = None
+    floor_p: float | None = None
+    mcnemar_p: float | None = None
+    agreement: float | None = None
+    history_p: float | None = None
+    error_kind: ErrorKind | None = None  # set when status is `error`
+
+
+class CellResult(Verdict):
+    """One line of cells.jsonl: a verdict and everything it was made from (the contract other tools read)."""
+
+    cell_id: str
+    model: str
+    factors: dict[str, str]
+    args: list[str]
+    resolved: dict[str, Any]
     invalid_rate: float | None = None
     truncated_rate: float | None = None
     reference_cell: str | None = None
-    agreement: float | None = None
-    mcnemar_p: float | None = None
-    floor_p: float | None = None
     threshold: float | None = None
     timings: Timings = Timings()
     throughput: Throughput = Throughput()
@@ -152,22 +181,25 @@ class CellResult(Record):
     node: str | None = None
     stopped_early: bool = False
     history_run_id: str | None = None  # the run whose passing answers this cell was compared with
-    history_p: float | None = None
 
 
 class RunInfo(Record):
     """run.json: how a run was produced and how it ended."""
 
+    schema_version: int = 1  # files written before the field existed; new runs write SCHEMA_VERSION
     run_id: str
     suite: str
     config_path: str
     config_sha256: str
     trigger: str = "manual"
     engine: str
-    git_commit: str | None = None
+    git_commit: str | None = None  # of the harness's own checkout, not of the working directory
+    git_dirty: bool | None = None  # the harness's checkout had uncommitted changes
     sglang_version: str | None = None
     harness_version: str
+    package_versions: dict[str, str] = {}  # the driver's python, ray, mlflow, ... (servers report sglang's)
     protocol: str
+    extraction: str = "flexible"  # the answer extraction that gated (gate.extraction)
     protocol_fingerprint: str | None = None
     dataset_sha256: str | None = None
     started_at: str
@@ -180,3 +212,9 @@ class RunInfo(Record):
     tracking_error: str | None = None
     attribution: str | None = None
     interrupted: bool = False
+
+
+def status_counts(results: list[CellResult]) -> dict[str, int]:
+    """Cells per verdict, in Status order, leaving out verdicts no cell has."""
+    tally = Counter(r.status.value for r in results)
+    return {status.value: tally[status.value] for status in Status if tally.get(status.value)}

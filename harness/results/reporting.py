@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ElementTree
-from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
 
-from harness.results.records import CellResult, RunInfo, Status
+from harness.results.records import CellResult, RunInfo, Status, status_counts
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix
 
@@ -54,11 +53,6 @@ def _accuracy(result: CellResult) -> str:
     return f"{result.accuracy:.3f}{interval}"
 
 
-def counts(results: list[CellResult]) -> dict[str, int]:
-    tally = Counter(r.status.value for r in results)
-    return {status.value: tally.get(status.value, 0) for status in Status if tally.get(status.value)}
-
-
 def console_table(results: list[CellResult], title: str) -> Table:
     """Compact on purpose: the cell id already names the model and every factor value."""
     table = Table(title=title, show_lines=False, header_style="bold")
@@ -77,7 +71,7 @@ def console_table(results: list[CellResult], title: str) -> Table:
 
 def print_summary(console: Console, info: RunInfo, results: list[CellResult], results_path: str) -> None:
     console.print(console_table(results, f"{info.suite} · {info.run_id}"))
-    tally = ", ".join(f"{count} {status}" for status, count in counts(results).items())
+    tally = ", ".join(f"{count} {status}" for status, count in status_counts(results).items())
     console.print(f"[bold]{len(results)} cells[/]: {tally}")
     if info.attribution:
         console.print(f"[bold]failures share[/]: {info.attribution}")
@@ -93,7 +87,7 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
 
 
 def summary_markdown(info: RunInfo, results: list[CellResult]) -> str:
-    tally = ", ".join(f"{count} {status}" for status, count in counts(results).items())
+    tally = ", ".join(f"{count} {status}" for status, count in status_counts(results).items())
     lines = [f"# {info.suite}: {tally}", "",
              f"Run `{info.run_id}` ({info.trigger}, engine {info.engine}, protocol {info.protocol} "
              f"`{info.protocol_fingerprint}`), started {info.started_at}.", ""]

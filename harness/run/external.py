@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import __version__
 from harness.engine.server import read_server_info
 from harness.errors import ConfigError, ServerError
 from harness.gate.verdict import judge
@@ -20,11 +18,11 @@ from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.evaluator import Progress as EvalProgress
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.results.assemble import cell_result, close_run, sink_cell
-from harness.results.records import CellOutcome, RunInfo, ServerInfo, Timings, run_exit_code
-from harness.results.reporting import print_summary
+from harness.results.provenance import closed_run_info, new_run_info
+from harness.results.records import CellOutcome, ServerInfo, Timings, run_exit_code
+from harness.results.sinks import FinishedCell, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
-from harness.results.tracking import Tracker
+from harness.run.gating import cell_result
 from harness.suite.config import GateSpec
 
 
@@ -81,26 +79,22 @@ async def _measure(request: EvalRequest, plan: ProtocolPlan, settings: EvalSetti
 
 def run_eval(request: EvalRequest, data: Gsm8k, plan: ProtocolPlan, settings: EvalSettings, gate: GateSpec,
              console: Console) -> int:
+    """Score the server, judge it alone (its floor; no reference), and write every sink."""
     if not request.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"--base-url: {request.base_url!r} must start with http:// or https://")
     outcome = asyncio.run(_measure(request, plan, settings, console))
     verdict = judge(outcome, request.floor, gate, cells_tested=1)
     run_id = new_run_id(request.name)
     store = ResultsStore(request.results_dir, run_id)
-    info = RunInfo(run_id=run_id, suite=request.name, config_path=request.base_url, config_sha256="",
-                   engine="external", harness_version=__version__, protocol=plan.name,
-                   protocol_fingerprint=plan.fingerprint, dataset_sha256=data.sha256,
-                   started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    store.write_run(info)
-    tracker = Tracker(request.tracking_uri) if request.tracking_uri else None
-    if tracker is not None:
-        info = info.model_copy(update={"mlflow_run_id": tracker.start(info, {"base_url": request.base_url}),
-                                       "tracking_uri": request.tracking_uri})
+    info = new_run_info(run_id=run_id, suite=request.name, config_path=request.base_url, config_sha256="",
+                        trigger="manual", engine="external", plan=plan, extraction=gate.extraction)
+    sinks = standard_sinks(store, request.tracking_uri, console)
+    info = sinks.open(info, {"base_url": request.base_url})
     model = str(outcome.server.resolved.get("model_path") or settings.model_name or "server")
-    result = cell_result(cell_id=request.name, model=model, factors={}, reference_cell=None, floor=request.floor,
-                         outcome=outcome, verdict=verdict, fingerprint=plan.fingerprint, log_path=None)
-    result = sink_cell(store, tracker, result, outcome, "")
+    result = sinks.cell(FinishedCell(
+        cell_result(outcome, verdict, cell_id=request.name, model=model, factors={}, reference_cell=None,
+                    floor=request.floor, fingerprint=plan.fingerprint),
+        outcome.questions, outcome.server.resolved))
     exit_code = run_exit_code([result.status])
-    info = close_run(store, info, [result], tracker, exit_code)
-    print_summary(console, info, [result], str(store.path))
+    sinks.close(closed_run_info(info, [result], exit_code), [result])
     return exit_code

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import ConfigError
+from harness.gsm8k.protocol import ProtocolName
 from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, backend_axes
 
 Switch = Literal["on", "off"]
@@ -104,7 +105,7 @@ class Suite(Strict):
     python: str | None = None
     cluster: ClusterSpec = ClusterSpec()
     dataset: DatasetSpec = DatasetSpec()
-    protocol: Literal["clean", "sglang-fewshot", "chat"] = "clean"
+    protocol: ProtocolName = ProtocolName.CLEAN
     num_questions: Annotated[int, Field(ge=1)] | None = 200
     max_tokens: Annotated[int, Field(ge=1)] = 512
     seed: int = 0

@@ -34,7 +34,7 @@ def test_exit_during_startup_reports_code_and_log_tail(tmp_path):
 
     with pytest.raises(ServerError) as caught:
         run(scenario())
-    assert caught.value.exit_code == 3 and "during startup" in str(caught.value)
+    assert caught.value.process_exit_code == 3 and "during startup" in str(caught.value)
     assert "CUDA out of memory" in caught.value.log_tail
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from harness.errors import ErrorKind
 from harness.gate.stats import paired_comparison, wilson_interval
 from harness.gate.verdict import judge
 from harness.gsm8k.evaluator import score
-from harness.results.records import CellOutcome, QuestionRecord, Status
+from harness.results.records import CellError, CellOutcome, QuestionRecord, Status
 from harness.suite.config import GateSpec
 
 GATE = GateSpec(alpha=0.01, min_effect=0.02)
@@ -67,7 +68,10 @@ def test_transport_failures_make_error_not_fail():
 
 
 def test_errors_and_mismatches_win():
-    assert judge(CellOutcome(cell_id="c", args=[], error="server exited"), 0.85, GATE, 1).status is Status.ERROR
+    crashed = CellOutcome(cell_id="c", args=[], error=CellError(kind=ErrorKind.CRASHED, message="server exited"))
+    verdict = judge(crashed, 0.85, GATE, 1)
+    assert verdict.status is Status.ERROR and verdict.error_kind is ErrorKind.CRASHED
+    assert judge(outcome(HEALTHY, errors=30), 0.85, GATE, 32).error_kind is ErrorKind.TRANSPORT
     mismatch = outcome(HEALTHY, mismatches=["disable_radix_cache: requested False, resolved True"])
     verdict = judge(mismatch, 0.85, GATE, 1)
     assert verdict.status is Status.MISMATCH and "disable_radix_cache" in verdict.reason

@@ -21,10 +21,11 @@ from ray.exceptions import RayActorError, RayError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness.errors import ErrorKind
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.results.records import CellOutcome
+from harness.results.records import CellError, CellOutcome
+from harness.run.cell import CellJob
 from harness.run.ray.slots import Slot, SlotPool
-from harness.run.ray.worker import CellJob
 from harness.run.scheduling.durations import Durations, held_s
 from harness.run.scheduling.forecast import improve
 from harness.run.scheduling.placement import Packer, Placement
@@ -42,6 +43,10 @@ PLAN_BUDGET_S, REPLAN_BUDGET_S = 2.0, 0.25
 PLAN_SHARE, REPLAN_SHARE = 0.05, 0.01
 
 OnOutcome = Callable[[Cell, CellOutcome, str, Console], None]
+
+
+def _failed(cell: Cell, kind: ErrorKind, message: str) -> CellOutcome:
+    return CellOutcome(cell_id=cell.cell_id, args=[], error=CellError(kind=kind, message=message))
 
 
 class Interrupted(BaseException):
@@ -112,7 +117,7 @@ class Scheduler:
                         running[run_ref] = _Running(placement, slots, run_ref, attempts[placement.cell.cell_id])
                     for cell, reason in self._homeless(queue, packer, homeless_since):
                         queue.remove(cell)
-                        finish(cell, CellOutcome(cell_id=cell.cell_id, args=[], error=reason), "")
+                        finish(cell, _failed(cell, ErrorKind.NO_NODE, reason), "")
                     if not queue:
                         pool.shrink()  # nothing waits: give idle GPUs back to the cluster
                     for cell, outcome, log in finished:
@@ -189,10 +194,10 @@ class Scheduler:
             outcome, log = None, ""
             if entry.attempt > WORKER_RETRIES:
                 reason = f"the Ray worker died twice ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-                outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[], error=reason)
+                outcome = _failed(entry.cell, ErrorKind.WORKER_DIED, reason)
         except RayError as error:
-            outcome = CellOutcome(cell_id=entry.cell.cell_id, args=[],
-                                  error=f"worker failed: {type(error).__name__}: {str(error)[:300]}")
+            outcome = _failed(entry.cell, ErrorKind.WORKER_FAILED,
+                              f"worker failed: {type(error).__name__}: {str(error)[:300]}")
             log = ""
         pool.release(entry.cell.cell_id, entry.slots)
         return outcome, log

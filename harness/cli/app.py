@@ -1,0 +1,65 @@
+"""The `regress` Typer app, its consoles, shared options, and the one place errors become exit codes.
+
+Exit codes: 0 every cell passed (or was skipped); 1 a cell failed or ran another configuration than
+requested (`fail`, `mismatch`); 3 no regression, but some cells are `error`/`inconclusive`, or the
+infrastructure failed (Ray, MLflow, a bisect probe); 2 bad usage or configuration, in which case
+nothing was launched; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from harness.errors import ConfigError, RegressError
+from harness.suite.config import LoadedSuite, load_suite
+from harness.suite.matrix import Matrix, expand, select
+
+# CI logs are not terminals; rich would wrap tables at 80 columns there.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+class RegressCommands(TyperGroup):
+    """Every command runs through here: a RegressError ends it with one line and its exit code
+    (`RegressError.exit_code`: 2 for configuration, 3 for infrastructure), never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RegressError as error:
+            err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(error.exit_code) from None
+
+
+app = typer.Typer(cls=RegressCommands, add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
+                  help="`regress`: plan and run sglang accuracy-regression matrices.\n\n" + __doc__.split("\n\n")[1],
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+SuiteArg = Annotated[Path, typer.Argument(help="Suite file, e.g. configs/demo.yaml", show_default=False)]
+SelectOpt = Annotated[str | None, typer.Option(
+    "--select", help="Only some cells: `model=kimi-linear,attention_backend=fa3|triton` or a cell-id glob "
+                     "`'*.um-on.*'`. Reference cells of selected cells are kept.")]
+ResultsDirOpt = Annotated[Path, typer.Option(help="Where results/<run_id>/ folders are.")]
+TrackingOpt = Annotated[str | None, typer.Option(
+    help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else a SQLite file: RESULTS_DIR/mlflow.db).")]
+
+
+def load_matrix(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
+    """The suite at `path` and its (selected) matrix; ConfigError when no cell is left."""
+    loaded = load_suite(path)
+    matrix = select(expand(loaded.suite), selection)
+    if not matrix.cells:
+        raise ConfigError(f"{path}: the include/exclude rules leave no cell to run")
+    return loaded, matrix
+
+
+def at_least_one(option: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{option}: must be at least 1 (got {value})")

@@ -1,0 +1,171 @@
+"""Commands over a suite's matrix: plan it, run it, pick a PR's cells, submit it to a cluster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from harness.cli.app import (
+    ResultsDirOpt,
+    SelectOpt,
+    SuiteArg,
+    TrackingOpt,
+    app,
+    at_least_one,
+    console,
+    load_matrix,
+)
+from harness.errors import ConfigError
+from harness.suite.matrix import select_listed
+
+if TYPE_CHECKING:
+    from harness.run.pipeline import RunInputs
+
+
+@app.command()
+def plan(suite: SuiteArg, selection: SelectOpt = None,
+         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """Show the cells a suite expands to, their flags and reference cells, and what is excluded.
+
+    Example: `regress plan configs/nightly.yaml --select model=kimi-linear`
+    """
+    from harness.results.reporting import plan_json, print_plan
+
+    loaded, matrix = load_matrix(suite, selection)
+    if as_json:
+        print(plan_json(loaded, matrix))
+    else:
+        print_plan(console, loaded, matrix)
+
+
+def _run_inputs(suite: Path, selection: str | None, cells_file: Path | None, num_questions: int | None,
+                gsm8k_path: Path | None) -> RunInputs:
+    """Everything `run` checks before it starts Ray: suite, selection, world, data and protocol."""
+    from harness.gsm8k.dataset import load_gsm8k
+    from harness.gsm8k.protocol import build_plan
+    from harness.run.pipeline import RunInputs
+    from harness.sim.world import load_world
+
+    at_least_one("--num-questions", num_questions)
+    loaded, matrix = load_matrix(suite, selection)
+    if cells_file is not None:
+        matrix = select_listed(matrix, cells_file)
+    updates = {} if num_questions is None else {"num_questions": num_questions}
+    loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
+    spec = loaded.suite
+    if spec.engine == "sim":
+        assert spec.sim_world is not None
+        world = load_world(loaded.resolve_path(spec.sim_world))
+        for model in spec.models:
+            world.model(model.path)
+    data = load_gsm8k(gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
+    protocol_plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
+    return RunInputs(loaded, matrix, data, protocol_plan)
+
+
+@app.command()
+def run(
+    suite: SuiteArg,
+    results_dir: ResultsDirOpt = Path("results"),
+    tracking_uri: TrackingOpt = None,
+    no_tracking: Annotated[bool, typer.Option("--no-tracking", help="Do not log to MLflow.")] = False,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Ray cluster address (default: the suite's cluster.address, else a new local Ray).")] = None,
+    num_questions: Annotated[int | None, typer.Option(help="Questions per cell (overrides the suite).")] = None,
+    gsm8k_path: Annotated[Path | None, typer.Option(
+        help="Folder with GSM8K test.jsonl and train.jsonl (else the suite's dataset.path, REGRESS_GSM8K_PATH, "
+             "then the Hugging Face hub).")] = None,
+    resume: Annotated[str | None, typer.Option(help="Finish an interrupted run: only cells without a result run.")] = None,
+    selection: SelectOpt = None,
+    cells_file: Annotated[Path | None, typer.Option(
+        "--cells", help="Only the cell ids listed in this file (from `regress select --write`).")] = None,
+    retry_errors: Annotated[bool, typer.Option(help="With --resume: run `error` cells again too.")] = False,
+    fail_fast: Annotated[bool, typer.Option(help="Stop at the first confirmed regression (PR use); "
+                                                 "--resume runs the rest.")] = False,
+    trigger: Annotated[str, typer.Option(help="Recorded as the run's trigger: manual, nightly, pr.")] = "manual",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or table; exit code only.")] = False,
+) -> None:
+    """Run every cell of a suite on Ray, gate it, and write results/ and MLflow.
+
+    Example: `regress run configs/demo.yaml` (the incident demo: 32 cells, 6 fail, exit 1).
+    """
+    from harness.results.store import ResultsStore
+    from harness.results.tracking import default_tracking_uri
+    from harness.run.pipeline import RunOptions, run_suite
+    from harness.run.ray.cluster import check_fits, expand_auto, ray_cluster
+
+    inputs = _run_inputs(suite, selection, cells_file, num_questions, gsm8k_path)
+    options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
+                         retry_errors=retry_errors, fail_fast=fail_fast,
+                         tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
+    if resume:
+        ResultsStore.existing(results_dir, resume)
+    with ray_cluster(inputs.loaded, ray_address):
+        matrix = expand_auto(inputs.loaded, selection, inputs.data.source) or inputs.matrix
+        if cells_file is not None:
+            matrix = select_listed(matrix, cells_file)
+        check_fits(matrix)
+        report = run_suite(replace(inputs, matrix=matrix), options, console)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("select")
+def select_for_change(
+    suite: SuiteArg,
+    changed_files: Annotated[Path | None, typer.Option(help="A file listing changed paths, one per line.")] = None,
+    git_diff: Annotated[str | None, typer.Option(help="BASE..HEAD, read with git in --repo (an sglang checkout).")] = None,
+    repo: Annotated[Path, typer.Option(help="The sglang checkout for --git-diff.")] = Path("."),
+    rules: Annotated[Path, typer.Option(help="Path-to-factor rules.")] = Path("configs/selection.yaml"),
+    write: Annotated[Path | None, typer.Option(help="Write the selected cell ids here (for `run --cells`).")] = None,
+) -> None:
+    """Which cells of a suite a PR must run, from the files it changes, and why.
+
+    Example: `regress select configs/pr.yaml --git-diff origin/main..HEAD --repo ../sglang --write cells.txt`
+    """
+    from harness.suite.selection import changed_files_from_git, load_selection, select_cells
+
+    _, matrix = load_matrix(suite, None)
+    if (changed_files is None) == (git_diff is None):
+        raise ConfigError("give exactly one of --changed-files FILE or --git-diff BASE..HEAD")
+    if changed_files is not None:
+        try:
+            files = [line.strip() for line in changed_files.read_text().splitlines() if line.strip()]
+        except OSError as error:
+            raise ConfigError(f"--changed-files {changed_files}: {error.strerror}") from None
+    else:
+        files = changed_files_from_git(repo, git_diff or "")
+    selected = select_cells(matrix, load_selection(rules), files)
+    scope = "the full matrix (shared machinery changed)" if selected.full else f"{len(selected.cells)} cells"
+    console.print(f"{len(files)} changed file(s) select {scope} of {len(matrix.cells)}:")
+    for cell_id, why in selected.cells.items():
+        console.print(f"  {cell_id}  [dim]{'; '.join(dict.fromkeys(why))}[/]", highlight=False)
+    if write is not None:
+        write.write_text("".join(f"{cell_id}\n" for cell_id in selected.cells))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    ctx: typer.Context,
+    suite: SuiteArg,
+    address: Annotated[str, typer.Option(help="The cluster's Jobs API, e.g. http://head:8265")],
+    python: Annotated[str, typer.Option(help="Interpreter on the cluster that has this package's dependencies.")] = "python",
+    working_dir: Annotated[Path, typer.Option(help="Uploaded as the job's working dir (must hold the suite).")] = Path("."),
+    no_follow: Annotated[bool, typer.Option("--no-follow", help="Return once submitted; do not stream logs.")] = False,
+) -> None:
+    """Run a suite as a Ray Job on a cluster, stream its logs and exit with its exit code.
+
+    Options after the suite that `submit` does not know are passed to `regress run` on the cluster.
+
+    Example: `RAY_AUTH_MODE=token regress submit configs/nightly.yaml --address http://head:8265
+    --trigger nightly --tracking-uri http://mlflow:5000`
+    """
+    from harness.run.ray.jobs import Submission
+    from harness.run.ray.jobs import submit as submit_job
+
+    loaded, _ = load_matrix(suite, None)
+    submission = Submission(address=address, suite_path=suite.resolve(), run_args=list(ctx.args),
+                            runtime_env=loaded.suite.cluster.runtime_env, python=python, working_dir=working_dir)
+    raise typer.Exit(submit_job(submission, follow=not no_follow))

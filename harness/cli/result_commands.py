@@ -1,0 +1,97 @@
+"""Commands over finished runs: compare two, build the dashboard, upload one to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.cli.app import ResultsDirOpt, TrackingOpt, app, console
+
+
+@app.command()
+def compare(
+    before: Annotated[str, typer.Argument(help="Run id, results folder, latest:SUITE or previous:SUITE.")],
+    after: Annotated[str, typer.Argument(help="The same kinds; usually the newer run.")],
+    results_dir: ResultsDirOpt = Path("results"),
+    markdown: Annotated[Path | None, typer.Option(help="Also write the table as markdown here.")] = None,
+    allow_different_protocol: Annotated[bool, typer.Option(help="Compare runs whose protocols differ.")] = False,
+) -> None:
+    """Compare two runs cell by cell: accuracy in both, the paired difference on shared questions with
+    its p-value, and what changed (newly failing, fixed, still failing). Exits 1 if a cell newly fails.
+
+    Example: `regress compare previous:nightly latest:nightly --markdown diff.md`
+    """
+    from rich.markdown import Markdown
+
+    from harness.analysis.compare import ChangeKind, changes_markdown, compare_runs
+    from harness.results.catalog import load_run, resolve_run
+
+    old = load_run(resolve_run(results_dir, before))
+    new = load_run(resolve_run(results_dir, after))
+    changes = compare_runs(old, new, allow_different_protocol)
+    text = changes_markdown(old, new, changes)
+    console.print(Markdown(text))
+    if markdown is not None:
+        markdown.write_text(text)
+    raise typer.Exit(1 if any(c.change is ChangeKind.NEWLY_FAILING for c in changes) else 0)
+
+
+@app.command()
+def dashboard(
+    suite: Annotated[str, typer.Argument(help="The suite's name (e.g. demo, nightly).")],
+    results_dir: ResultsDirOpt = Path("results"),
+    output: Annotated[Path | None, typer.Option(help="The page to write (default dashboards/SUITE.html).")] = None,
+    history: Annotated[int, typer.Option(help="How many recent runs the history shows.")] = 14,
+    mlflow_ui: Annotated[str | None, typer.Option(help="MLflow UI base URL for links, e.g. http://127.0.0.1:5000")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="Also log the page on the latest parent run here.")] = None,
+    serve: Annotated[int | None, typer.Option(help="Serve the page on 127.0.0.1:PORT, rebuilt on each load.")] = None,
+) -> None:
+    """Build the comparison dashboard: the latest matrix as a heatmap, what changed since the previous
+    run, each cell's history, the failure attribution, and links into MLflow.
+
+    Example: `regress dashboard demo --mlflow-ui http://127.0.0.1:5000 --serve 8080`
+    """
+    from harness.analysis.dashboard import build_html, load_input
+
+    target = output or Path("dashboards") / f"{suite}.html"
+
+    def build() -> str:
+        page = build_html(load_input(results_dir, suite, history, mlflow_ui))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(page)
+        return page
+
+    build()
+    console.print(f"dashboard: {target}")
+    if tracking_uri:
+        from harness.analysis.dashboard import log_on_latest_run
+
+        console.print(log_on_latest_run(results_dir, suite, target, tracking_uri))
+    if serve:
+        from harness.analysis.serve import serve_page
+
+        console.print(f"serving on http://127.0.0.1:{serve}/ (Ctrl-C to stop)")
+        serve_page(build, serve)
+
+
+@app.command()
+def sync(
+    run_id: Annotated[str, typer.Argument(help="The run to upload (a run id or results folder).")],
+    results_dir: ResultsDirOpt = Path("results"),
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Upload a finished run's results/ folder to MLflow, e.g. after the tracking server was down.
+    Syncing twice creates no duplicates.
+
+    Example: `regress sync demo-20261129-220317-03ad --tracking-uri http://mlflow:5000`
+    """
+    from harness.analysis.sync import sync_run
+    from harness.results.catalog import resolve_run
+    from harness.results.tracking import default_tracking_uri
+
+    store = resolve_run(results_dir, run_id)
+    info, logged = sync_run(store, tracking_uri or default_tracking_uri(store.root))
+    console.print(f"synced {info.run_id}: {logged} cell run(s) logged now; parent run {info.mlflow_run_id} "
+                  f"in {info.tracking_uri}")

@@ -1,0 +1,90 @@
+"""Commands around one server: score a running one, start a simulated one, bisect a cell's history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from harness.cli.app import ResultsDirOpt, TrackingOpt, app, at_least_one, console
+from harness.errors import ConfigError
+
+
+@app.command("eval")
+def eval_server(
+    base_url: Annotated[str, typer.Option(help="The running server, e.g. http://127.0.0.1:30000")],
+    protocol: Annotated[str, typer.Option(help="clean, sglang-fewshot (sglang's CI test) or chat.")] = "clean",
+    num_questions: Annotated[int | None, typer.Option(help="Questions (default: all 1319).")] = None,
+    seed: Annotated[int, typer.Option(help="Question subset and order.")] = 0,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 512,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight.")] = 256,
+    floor: Annotated[float, typer.Option(help="Accuracy floor: significantly below it is `fail`.")] = 0.0,
+    name: Annotated[str, typer.Option(help="Names the run and its single cell.")] = "eval",
+    model: Annotated[str | None, typer.Option(help="Model name in OpenAI requests (default: /v1/models).")] = None,
+    results_dir: ResultsDirOpt = Path("results"),
+    tracking_uri: TrackingOpt = None,
+    no_tracking: Annotated[bool, typer.Option("--no-tracking", help="Do not log to MLflow.")] = False,
+    gsm8k_path: Annotated[Path | None, typer.Option(help="Folder with GSM8K test.jsonl and train.jsonl.")] = None,
+) -> None:
+    """Evaluate one already-running server (sglang, vLLM, any OpenAI-compatible one) with a protocol.
+
+    Example: `regress eval --base-url http://127.0.0.1:30000 --protocol sglang-fewshot --num-questions 200 --floor 0.88`
+    """
+    from harness.gsm8k.dataset import load_gsm8k
+    from harness.gsm8k.evaluator import EvalSettings
+    from harness.gsm8k.protocol import ProtocolName, build_plan
+    from harness.results.tracking import default_tracking_uri
+    from harness.run.external import EvalRequest, run_eval
+    from harness.suite.config import GateSpec
+
+    allowed = [name.value for name in ProtocolName]
+    if protocol not in allowed:
+        raise ConfigError(f"--protocol: unknown protocol {protocol!r}; allowed: {', '.join(allowed)}")
+    at_least_one("--num-questions", num_questions)
+    at_least_one("--concurrency", concurrency)
+    if not 0.0 <= floor <= 1.0:
+        raise ConfigError(f"--floor: must be within [0, 1] (got {floor})")
+    data = load_gsm8k(gsm8k_path)
+    protocol_plan = build_plan(data, protocol, num_questions, seed, max_tokens)
+    request = EvalRequest(base_url=base_url, name=name, floor=floor, results_dir=results_dir, model_name=model,
+                          tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
+    raise typer.Exit(run_eval(request, data, protocol_plan, EvalSettings(concurrency=concurrency), GateSpec(),
+                              console))
+
+
+@app.command()
+def bisect(
+    suite: Annotated[Path, typer.Option(help="The suite the cell belongs to.")],
+    cell: Annotated[str, typer.Option(help="The cell id to bisect (see `regress plan`).")],
+    good: Annotated[str, typer.Option(help="A commit where the cell passes.")],
+    bad: Annotated[str, typer.Option(help="A later commit where it fails.")],
+    repo: Annotated[Path | None, typer.Option(help="sglang checkout for the commit list (sglang engine).")] = None,
+    build: Annotated[str, typer.Option(help="pip requirement of one commit's build; {commit} is replaced.")] =
+        "sglang[all] @ git+https://github.com/sgl-project/sglang@{commit}#subdirectory=python",
+    num_questions: Annotated[int | None, typer.Option(help="Questions per probe (default: the suite's).")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Where each probe's run is written.")] = Path("results"),
+) -> None:
+    """Find the first bad commit for one cell by binary search; each probe runs the cell on that
+    commit's build and is judged by the paired test against the good commit.
+
+    Example: `regress bisect --suite configs/nightly.yaml --cell kimi-linear.ab-fa3.um-on.rc-on.cp-default.wrapper-none
+    --good v0.5.5 --bad main --repo ../sglang`
+    """
+    from harness.bisect.probes import run_bisect
+
+    result = run_bisect(suite, cell, good, bad, repo, build, num_questions, results_dir, console)
+    console.print(f"first bad commit: [bold]{result.first_bad}[/] (last good {result.last_good}; "
+                  f"{len(result.probes)} probes)")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sim(ctx: typer.Context) -> None:
+    """Start one simulated sglang server (same flags as `sglang.launch_server`; world in REGRESS_SIM_WORLD).
+
+    Example: `REGRESS_SIM_WORLD=configs/sim/incident.yaml regress sim --model-path
+    moonshotai/Kimi-Linear-48B-A3B-Instruct --port 30000 --attention-backend fa3`
+    """
+    from harness.sim.__main__ import main as sim_main
+
+    raise typer.Exit(sim_main(list(ctx.args)))

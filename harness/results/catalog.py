@@ -1,0 +1,54 @@
+"""Finding runs in a results folder: by id or folder, as `latest:SUITE` / `previous:SUITE`, and a
+cell's answers in a finished run as an outcome the gate can pair with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import ConfigError
+from harness.gsm8k.evaluator import score
+from harness.results.records import CellOutcome, CellResult, RunInfo
+from harness.results.store import ResultsStore
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    info: RunInfo
+    cells: dict[str, CellResult]
+    store: ResultsStore
+
+
+def runs_of(results_dir: Path, suite: str) -> list[RunInfo]:
+    """Finished (not interrupted) runs of `suite` in `results_dir`, oldest first."""
+    infos = []
+    for path in Path(results_dir).glob(f"{suite}-*/run.json"):
+        infos.append(RunInfo.model_validate_json(path.read_text()))
+    return sorted((i for i in infos if i.suite == suite and not i.interrupted), key=lambda i: i.started_at)
+
+
+def resolve_run(results_dir: Path, name: str) -> ResultsStore:
+    """A run id, a results folder, or latest:<suite> / previous:<suite>."""
+    if name.startswith(("latest:", "previous:")):
+        which, _, suite = name.partition(":")
+        infos = runs_of(results_dir, suite)
+        needed = 1 if which == "latest" else 2
+        if len(infos) < needed:
+            raise ConfigError(f"{name}: {len(infos)} finished run(s) of suite {suite!r} in {results_dir}")
+        return ResultsStore(results_dir, infos[-needed].run_id)
+    path = Path(name)
+    if (path / "run.json").is_file():
+        return ResultsStore(path.parent, path.name)
+    return ResultsStore.existing(results_dir, name)
+
+
+def load_run(store: ResultsStore) -> LoadedRun:
+    return LoadedRun(store.read_run(), {c.cell_id: c for c in store.cells()}, store)
+
+
+def stored_outcome(store: ResultsStore, cell_id: str, args: list[str] | None = None) -> CellOutcome | None:
+    """A cell's answers in a finished run, as an outcome the gate can pair with (None: no answers)."""
+    records = store.read_questions(cell_id)
+    if not records:
+        return None
+    return CellOutcome(cell_id=cell_id, args=args or [], score=score(records, 0.0), questions=records)

@@ -1,0 +1,159 @@
+"""Where finished cells and runs go: the results folder, MLflow, the console, and anything else that
+implements `Sink`. A run talks to one `Sinks` chain and never to a store directly, so adding a sink
+(a database, a PR comment) is one class.
+
+The chain's order matters and is fixed by `standard_sinks`: MLflow first (it gives the cell its
+MLflow run id), then the results folder (its cells.jsonl line records that id), then the console.
+Each sink returns the record as it leaves it, and the next one sees that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+
+from harness.results.records import CellResult, QuestionRecord, RunInfo, Status
+from harness.results.reporting import junit_xml, print_summary, summary_markdown
+from harness.results.store import ResultsStore
+from harness.results.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class FinishedCell:
+    """A judged cell with what it was judged on: what every sink may want to keep."""
+
+    result: CellResult
+    questions: list[QuestionRecord] = field(default_factory=list)
+    server_info: dict[str, Any] = field(default_factory=dict)
+    log: str = ""
+
+
+class Sink(Protocol):
+    """One destination of results. Each method returns its input as this sink leaves it."""
+
+    def open(self, info: RunInfo, params: dict[str, Any]) -> RunInfo: ...
+
+    def cell(self, finished: FinishedCell) -> CellResult: ...
+
+    def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo: ...
+
+
+class Sinks:
+    """Sinks in order; each sees what the ones before it returned."""
+
+    def __init__(self, sinks: list[Sink]) -> None:
+        self.sinks = list(sinks)
+
+    def open(self, info: RunInfo, params: dict[str, Any] | None = None) -> RunInfo:
+        for sink in self.sinks:
+            info = sink.open(info, params or {})
+        return info
+
+    def cell(self, finished: FinishedCell) -> CellResult:
+        result = finished.result
+        for sink in self.sinks:
+            result = sink.cell(FinishedCell(result, finished.questions, finished.server_info, finished.log))
+        return result
+
+    def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
+        for sink in self.sinks:
+            info = sink.close(info, results)
+        return info
+
+
+class FolderSink:
+    """`results/<run_id>/`: run.json, cells.jsonl, questions/, logs/, summary.md, junit.xml."""
+
+    def __init__(self, store: ResultsStore) -> None:
+        self.store = store
+
+    def open(self, info: RunInfo, params: dict[str, Any]) -> RunInfo:
+        self.store.write_run(info)
+        return info
+
+    def cell(self, finished: FinishedCell) -> CellResult:
+        result = finished.result
+        if result.status is not Status.SKIPPED:
+            self.store.write_questions(result.cell_id, finished.questions)
+        if finished.log:
+            result = result.model_copy(update={"log_path": str(self.store.write_log(result.cell_id, finished.log))})
+        self.store.append_cell(result)
+        return result
+
+    def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
+        self.store.write_text("summary.md", summary_markdown(info, results))
+        self.store.write_text("junit.xml", junit_xml(info, results))
+        self.store.write_run(info)
+        return info
+
+
+class MlflowSink:
+    """A parent run per invocation and a child run per cell; never fails a run (see `Tracker`)."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.tracker = Tracker(tracking_uri)
+
+    def open(self, info: RunInfo, params: dict[str, Any]) -> RunInfo:
+        parent = self.tracker.start(info, params)
+        return info.model_copy(update={"mlflow_run_id": parent, "mlflow_experiment_id": self.tracker.experiment_id,
+                                       "tracking_uri": self.tracking_uri, "tracking_error": self.tracker.error})
+
+    def cell(self, finished: FinishedCell) -> CellResult:
+        if finished.result.status is Status.SKIPPED:  # excluded by a rule: nothing was run
+            return finished.result
+        run_id = self.tracker.log_cell(finished.result, finished.questions, finished.server_info, finished.log)
+        return finished.result.model_copy(update={"mlflow_run_id": run_id})
+
+    def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
+        self.tracker.finish(info, {"summary.md": summary_markdown(info, results)})
+        return info.model_copy(update={"tracking_error": self.tracker.error})
+
+
+class ConsoleSink:
+    """A line per finished cell as it comes, then the table, the attribution and where results are."""
+
+    def __init__(self, console: Console, results_path: Path, quiet: bool = False) -> None:
+        self.console = console
+        self.results_path = results_path
+        self.quiet = quiet
+
+    def open(self, info: RunInfo, params: dict[str, Any]) -> RunInfo:
+        return info
+
+    def cell(self, finished: FinishedCell) -> CellResult:
+        result = finished.result
+        if not self.quiet and result.status is not Status.SKIPPED:
+            self.console.print(cell_line(result))
+        return result
+
+    def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
+        if not self.quiet:
+            print_summary(self.console, info, results, str(self.results_path))
+        return info
+
+
+def cell_line(result: CellResult) -> str:
+    """`        fail 0.200 kimi-linear.ab-fa3.um-on.rc-on  floor p=2e-10 vs ref p=0.0001`"""
+    accuracy = f"{result.accuracy:.3f}" if result.accuracy is not None else "  -  "
+    detail = ""
+    if result.status is not Status.PASS:
+        detail = "  " + (" ".join(f"{name} p={value:.1g}" for name, value in (
+            ("floor", result.floor_p), ("vs ref", result.mcnemar_p)) if value is not None)
+            or result.reason.splitlines()[0][:100])
+    return f"[{result.status.colour}]{result.status.value:>12}[/] {accuracy} {result.cell_id}{detail}"
+
+
+def standard_sinks(store: ResultsStore, tracking_uri: str | None, console: Console | None,
+                   quiet: bool = False) -> Sinks:
+    """MLflow (when a tracking URI is given), the results folder, and the console (unless None)."""
+    chain: list[Sink] = []
+    if tracking_uri:
+        chain.append(MlflowSink(tracking_uri))
+    chain.append(FolderSink(store))
+    if console is not None:
+        chain.append(ConsoleSink(console, store.path, quiet))
+    return Sinks(chain)

@@ -1,0 +1,110 @@
+"""What runs on the GPU node for one cell: launch, verify, evaluate, stop. Returns a CellOutcome.
+
+No Ray here: a Ray slot (`harness.run.ray.slots.GpuSlot`) calls `run_cell` with the node it runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from harness.engine.launch import LaunchSpec
+from harness.engine.server import ServerProcess
+from harness.engine.verify import mismatches
+from harness.errors import ErrorKind, ServerError
+from harness.gate.sequential import EarlyStop
+from harness.gsm8k.evaluator import EvalSettings, evaluate
+from harness.gsm8k.protocol import ProtocolPlan
+from harness.results.records import CellError, CellOutcome, QuestionRecord, ServerInfo, Timings
+
+LOG_LIMIT_BYTES = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CellJob:
+    spec: LaunchSpec
+    settings: EvalSettings
+    queued_at: float  # driver's wall clock when the cell was submitted
+    stall_timeout_s: float = 300.0
+    early_stop: EarlyStop | None = None
+
+
+def read_log(path: Path) -> str:
+    """The server's log, its last LOG_LIMIT_BYTES when longer."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_LIMIT_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return text if size <= LOG_LIMIT_BYTES else "[... log truncated ...]\n" + text
+
+
+class _Watch:
+    """Progress and early-stop bookkeeping for one evaluation."""
+
+    def __init__(self, early_stop: EarlyStop | None) -> None:
+        self.early_stop = early_stop
+        self.last_progress = time.monotonic()
+        self.stop_reason: str | None = None
+
+    def on_progress(self, _: object) -> None:
+        self.last_progress = time.monotonic()
+
+    def should_stop(self, records: list[QuestionRecord]) -> bool:
+        reason = self.early_stop.check(records) if self.early_stop else None
+        if reason:
+            self.stop_reason = reason
+        return reason is not None
+
+
+async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info: ServerInfo,
+                   timings: dict[str, float]) -> CellOutcome:
+    """With the server up: read what it resolved, check it, and run GSM8K unless it mismatches."""
+    cell = job.spec.cell
+    raw_info = await server.server_info()
+    version = raw_info.get("version")
+    info = info.model_copy(update={"version": None if version is None else str(version), "port": server.port,
+                                   "resolved": raw_info})
+    problems = mismatches(cell.expected, raw_info, server.argv)
+    if problems:
+        return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, mismatches=problems)
+    watch = _Watch(job.early_stop)
+    score, records = await server.guard(
+        evaluate(server.base_url, plan, job.settings, on_progress=watch.on_progress, should_stop=watch.should_stop),
+        progress=lambda: watch.last_progress, stall_timeout_s=job.stall_timeout_s)
+    timings["eval_s"] = score.eval_s
+    return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, score=score, questions=records,
+                       stopped_early=watch.stop_reason)
+
+
+async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path, node: str) -> tuple[CellOutcome, str]:
+    """Launch the cell's server on `node`, check its resolved config, run GSM8K, stop it. Never
+    raises for infrastructure failures: they come back as an outcome with `error` set."""
+    started = time.time()
+    cell = job.spec.cell
+    log_path = log_dir / f"{cell.cell_id}.log"
+    # The server is told which Ray node it runs on (the simulator keeps its page cache per node).
+    spec = replace(job.spec, env={**job.spec.env, "REGRESS_NODE_ID": node})
+    server = ServerProcess(spec, log_path)
+    devices = {**os.environ, **spec.environment()}.get("CUDA_VISIBLE_DEVICES")  # what the server sees
+    info = ServerInfo(cuda_visible_devices=devices, node=node)
+    timings: dict[str, float] = {"queued_s": max(0.0, started - job.queued_at), "started_at": started}
+    try:
+        async with server:
+            timings["startup_s"] = server.startup_s
+            outcome = await _measure(server, job, plan, info, timings)
+    except ServerError as error:
+        outcome = CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, log_tail=error.log_tail,
+                              error=CellError(kind=error.kind, message=str(error)))
+    if server.leftover_pids and outcome.error is None:
+        outcome = outcome.model_copy(update={"error": CellError(
+            kind=ErrorKind.LEFTOVER_PROCESSES, message=f"server processes survived the stop: {server.leftover_pids}")})
+    timings["ended_at"] = time.time()
+    timings["total_s"] = timings["ended_at"] - started + timings["queued_s"]
+    outcome = outcome.model_copy(update={"timings": Timings(**timings)})
+    return outcome, read_log(log_path)

@@ -1,0 +1,43 @@
+"""Asking undecided cells more questions: `inconclusive` cells (and their references) get train
+questions (never the shots) up to `gate.extend_to` in all, and are judged again on everything they
+answered (a later cells.jsonl line replaces the earlier one for every reader)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.console import Console
+
+from harness.gsm8k.protocol import ProtocolPlan, extension_plan
+from harness.results.records import CellOutcome, Status
+from harness.run.gating import Gating
+from harness.suite.matrix import Cell
+
+Schedule = Callable[..., None]  # (cells, plan, on_outcome, label): see pipeline._Schedule.run
+
+
+def extend(inputs, gating: Gating, schedule: Schedule, console: Console) -> None:
+    """Extend every inconclusive cell that has answers; no-op when none is, or the protocol has no
+    extension (sglang-fewshot)."""
+    cells = inputs.matrix.by_id()
+    undecided = [cells[cell_id] for cell_id, result in gating.results().items()
+                 if result.status is Status.INCONCLUSIVE and cell_id in cells and gating.answers(cell_id)]
+    if not undecided:
+        return
+    plan: ProtocolPlan = inputs.plan
+    extra = extension_plan(inputs.data, plan, inputs.loaded.suite.gate.extend_to - len(plan.prompts))
+    if extra is None:
+        return
+    wanted = {c.cell_id for c in undecided} | {c.reference_cell for c in undecided if c.reference_cell}
+    more: dict[str, CellOutcome] = {}
+
+    def collect(cell: Cell, outcome: CellOutcome, log: str, _: Console) -> None:
+        more[cell.cell_id] = outcome
+
+    schedule([cells[cell_id] for cell_id in sorted(wanted) if gating.answers(cell_id)], extra, collect,
+             f"{inputs.loaded.suite.suite}: extending {len(undecided)} inconclusive cell(s)")
+    for cell_id, outcome in more.items():
+        if outcome.score is not None and outcome.error is None:
+            gating.extended(cells[cell_id], outcome)
+    for cell in undecided:
+        gating.rejudge(cell, note="extended to {n} questions; ")

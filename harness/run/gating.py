@@ -1,0 +1,144 @@
+"""Judging cells as they finish: each against its floor, its reference cell and its history, then
+sent to every sink. `Gating` owns the run's verdict state; nothing else changes it.
+
+A cell that finishes before its reference waits (parked) until the reference is judged, so every
+paired test has its reference; a reference that never produces answers releases the cells waiting
+on it at the end of the run, judged without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.engine.verify import resolved_subset
+from harness.gate.verdict import judge
+from harness.gsm8k.evaluator import score
+from harness.results.records import CellOutcome, CellResult, Status, Throughput, Verdict
+from harness.results.sinks import FinishedCell, Sinks
+from harness.run.history import History
+from harness.suite.config import GateSpec
+from harness.suite.matrix import Cell, SkippedCell
+
+JUDGED = (Status.PASS, Status.FAIL, Status.INCONCLUSIVE)  # verdicts made on answers
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    cell: Cell
+    outcome: CellOutcome
+    log: str
+
+
+def cell_result(outcome: CellOutcome, verdict: Verdict, *, cell_id: str, model: str, factors: dict[str, str],
+                reference_cell: str | None, floor: float, fingerprint: str,
+                history_run_id: str | None = None) -> CellResult:
+    """The cells.jsonl record of a judged cell (a matrix cell, or `regress eval`'s one server)."""
+    measured = outcome.score
+    reason = verdict.reason
+    if outcome.log_tail and outcome.error is not None:
+        reason += "\n--- server log tail ---\n" + outcome.log_tail
+    return CellResult(
+        **verdict.model_dump(exclude={"reason"}), reason=reason, cell_id=cell_id, model=model,
+        factors=factors, args=outcome.args, resolved=resolved_subset(outcome.server.resolved),
+        invalid_rate=measured.invalid_rate if measured else None,
+        truncated_rate=measured.truncated_rate if measured else None, reference_cell=reference_cell,
+        threshold=floor, timings=outcome.timings,
+        throughput=measured.throughput if measured else Throughput(), protocol_fingerprint=fingerprint,
+        server_version=outcome.server.version, cuda_visible_devices=outcome.server.cuda_visible_devices,
+        node=outcome.server.node, stopped_early=outcome.stopped_early is not None,
+        history_run_id=history_run_id if verdict.history_p is not None else None)
+
+
+class Gating:
+    """The verdicts of one run, made as cells finish and written through `sinks`."""
+
+    def __init__(self, gate: GateSpec, cells_tested: int, fingerprint: str, history: History, sinks: Sinks) -> None:
+        self.gate = gate
+        self.cells_tested = cells_tested
+        self.fingerprint = fingerprint
+        self.history = history
+        self.sinks = sinks
+        self._answers: dict[str, CellOutcome] = {}  # cells judged on answers: references, extension
+        self._waiting: dict[str, list[_Waiting]] = {}  # reference cell id -> cells waiting for it
+        self._results: dict[str, CellResult] = {}
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def results(self) -> dict[str, CellResult]:
+        return dict(self._results)
+
+    def answers(self, cell_id: str) -> CellOutcome | None:
+        return self._answers.get(cell_id)
+
+    def has_regression(self) -> bool:
+        return any(result.status.is_regression for result in self._results.values())
+
+    # ---- a resumed run ---------------------------------------------------------------------------
+    def restore(self, result: CellResult, answers: CellOutcome | None) -> None:
+        """A cell judged by an earlier invocation of this run (`--resume`)."""
+        self._results[result.cell_id] = result
+        if answers is not None and result.status in JUDGED:
+            self._answers[result.cell_id] = answers
+
+    # ---- judging ---------------------------------------------------------------------------------
+    def offer(self, cell: Cell, outcome: CellOutcome, log: str) -> None:
+        """A finished cell: judged now, or once its reference is."""
+        reference = cell.reference_cell
+        if reference is not None and reference not in self._results:
+            self._waiting.setdefault(reference, []).append(_Waiting(cell, outcome, log))
+            return
+        self.judge(cell, outcome, log)
+        for waiting in self._waiting.pop(cell.cell_id, []):
+            self.judge(waiting.cell, waiting.outcome, waiting.log)
+
+    def judge(self, cell: Cell, outcome: CellOutcome, log: str, reference_missing: bool = False,
+              note: str = "") -> CellResult:
+        """Judge one cell and write it everywhere. Judging a cell again (after an extension) appends
+        a line that replaces the earlier one; `note` ({n} = questions) leads its reason."""
+        if outcome.score is not None and outcome.error is None:
+            self._answers[cell.cell_id] = outcome
+        reference = None if reference_missing or cell.reference_cell is None else self._answers.get(cell.reference_cell)
+        found = self.history.last_pass(cell.cell_id)
+        verdict = judge(outcome, cell.model.floor, self.gate, self.cells_tested, reference,
+                        found[1] if found else None)
+        if note:
+            verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
+        result = cell_result(outcome, verdict, cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
+                             reference_cell=cell.reference_cell, floor=cell.model.floor, fingerprint=self.fingerprint,
+                             history_run_id=found[0] if found else None)
+        earlier = self._results.get(cell.cell_id)
+        if not log and earlier is not None:
+            result = result.model_copy(update={"log_path": earlier.log_path})
+        result = self.sinks.cell(FinishedCell(result, outcome.questions, outcome.server.resolved, log))
+        self._results[cell.cell_id] = result
+        return result
+
+    def extended(self, cell: Cell, more: CellOutcome) -> None:
+        """Judge `cell` again on its answers plus `more` (extra questions of the extension)."""
+        base = self._answers[cell.cell_id]
+        records = [*base.questions, *more.questions]
+        merged = base.model_copy(update={"questions": records,
+                                         "score": score(records, base.score.eval_s + more.score.eval_s)})
+        self._answers[cell.cell_id] = merged
+
+    def rejudge(self, cell: Cell, note: str) -> None:
+        """Judge a cell again on the answers it has now (see `extended`)."""
+        self.judge(cell, self._answers[cell.cell_id], "", note=note)
+
+    def release_waiting(self) -> None:
+        """The run is over: cells whose reference never produced a score are judged without it."""
+        waiting, self._waiting = self._waiting, {}
+        for cells in waiting.values():
+            for entry in cells:
+                self.judge(entry.cell, entry.outcome, entry.log, reference_missing=True)
+
+    def drop_waiting(self) -> None:
+        """`--fail-fast` stopped the run: cells waiting for their reference stay unjudged (`--resume` runs them)."""
+        self._waiting.clear()
+
+    def skipped(self, skipped: tuple[SkippedCell, ...]) -> None:
+        """Excluded cells are recorded as `skipped`, with the rule's reason."""
+        for cell in skipped:
+            if cell.cell_id not in self._results:
+                result = CellResult(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors, args=[],
+                                    resolved={}, status=Status.SKIPPED, reason=cell.reason)
+                self._results[cell.cell_id] = self.sinks.cell(FinishedCell(result))

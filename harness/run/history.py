@@ -1,0 +1,57 @@
+"""What earlier runs of a suite tell this one: the latest run's verdicts and durations (for ordering
+and planning), and, per cell, the last run where that cell passed under the same protocol (the
+history test of the gate pairs with its answers).
+
+Searching back per cell, rather than using the latest run alone, keeps the history test for a cell
+that failed or was not selected last night: its last good answers are still the baseline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.results.catalog import runs_of, stored_outcome
+from harness.results.records import CellOutcome, CellResult, RunInfo, Status
+from harness.results.store import ResultsStore
+
+MAX_RUNS_SEARCHED = 30
+
+
+class History:
+    """Earlier finished runs of one suite with one protocol fingerprint, newest first."""
+
+    def __init__(self, results_dir: Path, runs: list[RunInfo]) -> None:
+        self.results_dir = Path(results_dir)
+        self.runs = runs[:MAX_RUNS_SEARCHED]
+        self._cells: dict[str, dict[str, CellResult]] = {}
+
+    @classmethod
+    def of(cls, results_dir: Path, suite: str, fingerprint: str, current_run_id: str) -> History:
+        runs = [info for info in reversed(runs_of(results_dir, suite))
+                if info.run_id != current_run_id and info.protocol_fingerprint == fingerprint]
+        return cls(results_dir, runs)
+
+    def _results(self, run: RunInfo) -> dict[str, CellResult]:
+        if run.run_id not in self._cells:
+            store = ResultsStore(self.results_dir, run.run_id)
+            self._cells[run.run_id] = {result.cell_id: result for result in store.cells()}
+        return self._cells[run.run_id]
+
+    def latest(self) -> list[CellResult]:
+        """The verdicts of the latest earlier run (empty on a first run)."""
+        return list(self._results(self.runs[0]).values()) if self.runs else []
+
+    def recent_regressions(self) -> set[str]:
+        """Cells that failed or mismatched in the latest earlier run."""
+        return {result.cell_id for result in self.latest() if result.status.is_regression}
+
+    def last_pass(self, cell_id: str) -> tuple[str, CellOutcome] | None:
+        """(run id, answers) of the newest earlier run in which the cell passed, if any."""
+        for run in self.runs:
+            result = self._results(run).get(cell_id)
+            if result is None or result.status is not Status.PASS:
+                continue
+            outcome = stored_outcome(ResultsStore(self.results_dir, run.run_id), cell_id)
+            if outcome is not None:
+                return run.run_id, outcome
+        return None
