@@ -1,44 +1,18 @@
-"""Helpers for tests that start servers: build a cell and a launch spec without a suite file."""
+"""Helpers for tests: the simulator's ad-hoc cells (shared with the benchmarks), and timeouts sized
+for the machine the tests run on."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import os
 
-from harness.engine.launch import LaunchSpec
-from harness.suite.config import Suite
-from harness.suite.matrix import Cell, expand
+from harness.sim.fixtures import DEEPSEEK, INCIDENT_WORLD, KIMI, ROOT, fault_world, make_cell, sim_spec
 
-ROOT = Path(__file__).resolve().parent.parent
-INCIDENT_WORLD = ROOT / "configs" / "sim" / "incident.yaml"
-KIMI = "moonshotai/Kimi-Linear-48B-A3B-Instruct"
-DEEPSEEK = "deepseek-ai/DeepSeek-V2-Lite-Chat"
+__all__ = ["DEEPSEEK", "INCIDENT_WORLD", "KIMI", "ROOT", "fault_world", "make_cell", "machine_s", "sim_spec"]
 
 
-def make_cell(flags_axes: dict, model_path: str = DEEPSEEK, tp: int = 1, extra_args: list[str] | None = None,
-              env: dict[str, str] | None = None) -> Cell:
-    suite = Suite.model_validate({
-        "suite": "t", "engine": "sglang",
-        "models": [{"id": "m", "path": model_path, "tp": tp, "extra_args": extra_args or [], "env": env or {}}],
-        "axes": {axis: [value] for axis, value in flags_axes.items()}})
-    return expand(suite).cells[0]
-
-
-def sim_spec(cell: Cell, world: Path | None = INCIDENT_WORLD, gsm8k: Path | None = None, timeout_s: float = 30.0,
-             grace_s: float = 5.0) -> LaunchSpec:
-    env = {"REGRESS_SIM_WORLD": str(world or INCIDENT_WORLD)}
-    if gsm8k is not None:
-        env["REGRESS_GSM8K_PATH"] = str(gsm8k)
-    return LaunchSpec(engine="sim", python=sys.executable, cell=cell, seed=0, startup_timeout_s=timeout_s,
-                      env=env, stop_grace_s=grace_s)
-
-
-def fault_world(tmp_path: Path, **fault) -> Path:
-    """The incident world plus one fault (see harness.sim.world.Fault)."""
-    import yaml
-
-    world = yaml.safe_load(INCIDENT_WORLD.read_text())
-    world["faults"] = [{"name": "test-fault", **fault}]
-    path = tmp_path / f"world-{len(list(tmp_path.glob('world-*')))}.yaml"
-    path.write_text(yaml.safe_dump(world))
-    return path
+def machine_s(seconds: float) -> float:
+    """`seconds` on an idle machine, stretched by how busy this one is (runnable processes per core
+    over the last minute), so a timeout that holds on an idle laptop also holds on a loaded 2-core CI
+    runner where several simulators import at once. At least `seconds`, at most 6x."""
+    load_per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return seconds * min(6.0, max(1.0, load_per_core * 1.5))

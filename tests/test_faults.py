@@ -13,14 +13,14 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.results.records import CellResult
-from tests.helpers import INCIDENT_WORLD
+from tests.helpers import INCIDENT_WORLD, machine_s
 
 # scenario -> (fault fields, expected status, text expected in the reason)
 SCENARIOS = {
     "healthy": ({}, "pass", "accuracy"),
     "startup-exit": ({"startup_exit_code": 3, "startup_message": "torch.OutOfMemoryError: CUDA out of memory"},
                      "error", "exited with code 3 during startup"),
-    "never-ready": ({"never_ready": True}, "error", "not ready after 5 s"),
+    "never-ready": ({"never_ready": True}, "error", "(startup_timeout_s); it is still running"),
     "crash": ({"crash_after_requests": 10}, "error", "exited with code 139 during evaluation"),
     "server-hang": ({"hang_after_requests": 10}, "error", "server hung"),
     "request-hang": ({"hang_request_rate": 0.1}, "pass", "accuracy"),
@@ -55,9 +55,11 @@ def test_every_fault_gets_its_status_and_nothing_survives(ray_local, tmp_path):
     world_path.write_text(yaml.safe_dump(world))
     suite = {
         "suite": "faults", "engine": "sim", "sim_world": str(world_path), "num_questions": 30,
-        "concurrency": 8, "request_timeout_s": 2, "request_attempts": 3, "stall_timeout_s": 4, "stop_grace_s": 1,
+        "concurrency": 8, "request_timeout_s": machine_s(2), "request_attempts": 3, "stall_timeout_s": machine_s(4),
+        "stop_grace_s": 1,
         "gate": {"min_effect": 0.3, "max_infra_failure_rate": 0.1},
-        "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5, "startup_timeout_s": 5}],
+        "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5,
+                    "startup_timeout_s": machine_s(5)}],
         "axes": {"scenario": {name: ([] if name == "healthy" else ["--served-model-name", name]) for name in SCENARIOS}},
     }
     suite_path = tmp_path / "faults.yaml"

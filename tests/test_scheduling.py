@@ -10,8 +10,8 @@ import pytest
 from harness.results.records import CellResult, Status, Timings
 from harness.run.scheduling.durations import Durations
 from harness.run.scheduling.forecast import Forecast, forecast, improve
+from harness.run.scheduling.inventory import SLOT_PATIENCE_S
 from harness.run.scheduling.placement import (
-    SLOT_PATIENCE_S,
     Packer,
     pick_gpus,
     priority_class,
@@ -38,9 +38,9 @@ def history(cell_id: str, model: str, seconds: float, status: Status = Status.PA
 
 
 def node(packer: Packer, name: str, gpus: int, idle: int | None = None, types: frozenset[str] = frozenset()) -> None:
-    packer.add_node(name, gpus, types)
+    packer.inventory.add_node(name, gpus, types)
     for gpu in range(gpus if idle is None else idle):
-        packer.add_gpu(name, str(gpu))
+        packer.inventory.add_gpu(name, str(gpu))
 
 
 # ---- durations ---------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def test_between_equal_fits_the_node_that_loaded_the_model_wins_unless_turned_of
         packer = Packer(Durations(), prefer_warm=prefer_warm)
         node(packer, "cold", 1)
         node(packer, "warm", 1)
-        packer.nodes["warm"].models.add("one")
+        packer.inventory.loaded("warm", "one")
         (placement,) = packer.place([CELLS["one.ab-triton"]], now=0)
         assert placement.node == expected
 
@@ -89,9 +89,9 @@ def test_a_wide_cell_that_waits_is_not_starved_by_narrow_cells_of_unknown_length
     packer = Packer(Durations())
     node(packer, "n", 8, idle=0)
     for gpu in range(6):  # six one-GPU cells hold the node; two GPUs come back idle
-        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 100.0)
-    packer.add_gpu("n", "6")
-    packer.add_gpu("n", "7")
+        packer.inventory.occupy(f"running-{gpu}", "n", (str(gpu),), 100.0, "other")
+    packer.inventory.add_gpu("n", "6")
+    packer.inventory.add_gpu("n", "7")
     queue = [CELLS["eight.ab-triton"], CELLS["one.ab-triton"], CELLS["one.ab-fa3"]]
     assert packer.place(queue, now=0) == []  # the node is reserved for the tp-8 cell
 
@@ -101,7 +101,7 @@ def test_narrow_cells_backfill_a_reserved_node_only_when_they_end_before_the_wid
     packer = Packer(durations)
     node(packer, "n", 8, idle=2)
     for gpu in range(2, 8):
-        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 60.0)  # the tp-8 cell fits at t=60
+        packer.inventory.occupy(f"running-{gpu}", "n", (str(gpu),), 60.0, "other")  # the tp-8 cell fits at t=60
     queue = [CELLS["eight.ab-triton"], CELLS["one.ab-fa3"], CELLS["one.ab-triton"]]
     placed = [p.cell.cell_id for p in packer.place(queue, now=0)]
     assert placed == ["one.ab-triton"]  # 10 s ends before 60; 500 s would delay the tp-8 cell
@@ -111,13 +111,13 @@ def test_once_anything_is_known_a_cell_of_unknown_length_counts_as_typical_for_b
     packer = Packer(Durations([history("two.ab-triton", "two", 10)]))  # typical: 10 s
     node(packer, "n", 8, idle=2)
     for gpu in range(2, 8):
-        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 100.0)
+        packer.inventory.occupy(f"running-{gpu}", "n", (str(gpu),), 100.0, "other")
     queue = [CELLS["eight.ab-triton"], CELLS["one.ab-triton"]]
     assert [p.cell.cell_id for p in packer.place(queue, now=0)] == ["one.ab-triton"]
     packer = Packer(Durations([history("two.ab-triton", "two", 10)]))
     node(packer, "n", 8, idle=2)
     for gpu in range(2, 8):
-        packer.nodes["n"].busy[f"running-{gpu}"] = ((str(gpu),), 5.0)  # the tp-8 cell fits sooner
+        packer.inventory.occupy(f"running-{gpu}", "n", (str(gpu),), 5.0, "other")  # the tp-8 cell fits sooner
     assert packer.place(queue, now=0) == []
 
 
@@ -127,7 +127,7 @@ def test_slots_ray_is_still_starting_are_kept_for_the_wide_cells_ahead_of_narrow
     for name, idle in (("a", 2), ("b", 1)):  # slots come up one by one at the start of a run
         node(packer, name, 8, idle=idle)
         for _ in range(8 - idle):
-            packer.ask_gpu(name, now=0)
+            packer.inventory.ask_gpu(name, now=0)
     queue = [CELLS["eight.ab-triton"], CELLS["eight.ab-fa3"], CELLS["one.ab-triton"]]
     # Each tp-8 cell holds a node whose other slots are coming: the one-GPU cell takes neither.
     assert packer.place(queue, now=1) == []
@@ -138,8 +138,8 @@ def test_slots_ray_is_still_starting_are_kept_for_the_wide_cells_ahead_of_narrow
 def test_gpus_the_reserved_cell_will_not_need_are_used_now():
     packer = Packer(Durations())
     node(packer, "n", 8, idle=3)
-    packer.nodes["n"].busy["a"] = (("3", "4"), 60.0)
-    packer.nodes["n"].busy["b"] = (("5", "6", "7"), 100.0)
+    packer.inventory.occupy("a", "n", ("3", "4"), 60.0, "other")
+    packer.inventory.occupy("b", "n", ("5", "6", "7"), 100.0, "other")
     four = cells([{"id": "four", "path": "a/four", "tp": 4}, {"id": "two", "path": "a/two", "tp": 2},
                   {"id": "one", "path": "a/one", "tp": 1}])
     # The tp-4 cell fits at t=60 (3 idle + 2 back), leaving 1 GPU it will not need: a one-GPU cell
@@ -163,10 +163,10 @@ def test_release_gives_the_gpus_back_and_a_node_that_left_is_forgotten_once_empt
     node(packer, "n", 8)
     placements = packer.place([CELLS["eight.ab-triton"]], now=0)
     assert packer.idle() == [] and packer.could_hold(CELLS["eight.ab-fa3"])
-    packer.remove_node("n")  # still running there: kept
+    packer.inventory.remove_node("n")  # still running there: kept
     assert packer.release(placements[0].cell.cell_id) == ("n", tuple(str(g) for g in range(8)))
     assert len(packer.idle()) == 8
-    packer.remove_node("n")
+    packer.inventory.remove_node("n")
     assert packer.idle() == [] and not packer.could_hold(CELLS["one.ab-triton"])
 
 
@@ -187,10 +187,10 @@ FIVE = cells([{"id": "one", "path": "a/one", "tp": 1}], backends=("triton", "fa3
 
 def test_forecast_plays_the_packer_forward_on_expected_durations():
     packer = Packer(Durations([history("eight.ab-triton", "eight", 10), history("eight.ab-fa3", "eight", 30)]))
-    packer.add_node("n", 8)  # declared; no slot placed yet: the forecast counts them idle
+    packer.inventory.add_node("n", 8)  # declared; no slot placed yet: the forecast counts them idle
     queue = [CELLS["eight.ab-triton"], CELLS["eight.ab-fa3"]]
     assert forecast(packer, queue, now=100) == Forecast(end=140, mean_end=25)  # ends 10 and 40 s from now
-    packer.nodes["n"].busy["running"] = (tuple(str(g) for g in range(8)), 105.0)  # the node is busy until 105
+    packer.inventory.occupy("running", "n", tuple(str(g) for g in range(8)), 105.0, "other")  # the node is busy until 105
     assert forecast(packer, queue, now=100).end == 145
     assert forecast(Packer(Durations()), queue, now=100) is None  # nothing known: no forecast
 

@@ -11,6 +11,7 @@ The scheduler (`harness.run.ray.scheduler`) keeps the GPUs busy; the priority or
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,11 +166,13 @@ class _Schedule:
             raise _FailFast()
 
 
-def run_suite(inputs: RunInputs, options: RunOptions, console: Console, sinks: Sinks | None = None) -> RunReport:
-    """Run every cell of `inputs.matrix` not yet judged, gate each, and write every sink."""
+def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
+              sinks: Callable[[ResultsStore], Sinks] | None = None) -> RunReport:
+    """Run every cell of `inputs.matrix` not yet judged, gate each, and write every sink
+    (`sinks(store)`; default: MLflow when tracking, the results folder, the console)."""
     store, info, kept = _open(inputs, options)
     history = History.of(options.results_dir, inputs.loaded.suite.suite, inputs.plan.fingerprint, info.run_id)
-    sinks = sinks or standard_sinks(store, options.tracking_uri, console, options.quiet)
+    sinks = sinks(store) if sinks else standard_sinks(store, options.tracking_uri, console, options.quiet)
     info = sinks.open(info, _run_params(inputs, store))
     suite = inputs.loaded.suite
     gating = Gating(suite.gate, len(inputs.matrix.cells), inputs.plan.fingerprint, history, sinks)

@@ -58,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     model = world.model(args.model_path)
     # Model loading: the port opens only afterwards, as in sglang.
     time.sleep(model.startup_s if model.startup_s is not None else world.latency.startup_s)
-    if model.cold_load_s and not _in_page_cache(world, Path(world_path), args.model_path):
-        time.sleep(model.cold_load_s)
+    if model.cold_load_s:
+        node = os.environ.get("REGRESS_NODE_ID", "local")
+        warm = _in_page_cache(world, Path(world_path), args.model_path)
+        print(f"[sim] {'warm' if warm else 'cold'} load on node {node}", flush=True)
+        if not warm:
+            time.sleep(model.cold_load_s)
     state = SimState(world, resolved, data, faults)
     print(f"[sim] The server is fired up and ready to roll! port={args.port}", flush=True)
     web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,

@@ -90,7 +90,7 @@ class Scheduler:
         queue, attempts = list(todo), {cell.cell_id: 1 for cell in todo}
         homeless_since: dict[str, float] = {}
         packer = Packer(self.durations, prefer_warm=self.cluster.prefer_warm_nodes)
-        pool = SlotPool(packer, self.cluster.runtime_env or None)
+        pool = SlotPool(packer.inventory, self.cluster.runtime_env or None)
         running: dict[Any, _Running] = {}
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,

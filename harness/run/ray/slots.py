@@ -1,7 +1,7 @@
 """The GPUs a run holds: one `GpuSlot` actor per GPU, created as the queue needs them and given
 back as soon as nothing waits for them.
 
-Ray places each slot (`num_gpus=1`, pinned to a node); the pool tells the packer which GPU on
+Ray places each slot (`num_gpus=1`, pinned to a node); the pool tells the inventory which GPU on
 which node is idle, learns at once when a slot dies (its `vigil` call fails), replaces it while
 its node is alive, and asks Ray for nodes that joined the cluster since the run started.
 """
@@ -25,7 +25,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from harness.gsm8k.protocol import ProtocolPlan
 from harness.results.records import CellOutcome
 from harness.run.cell import CellJob, run_cell
-from harness.run.scheduling.placement import Packer, Placement
+from harness.run.scheduling.inventory import Inventory
+from harness.run.scheduling.placement import Placement
 from harness.suite.matrix import Cell
 
 NODES_REFRESH_S = 5.0
@@ -89,8 +90,8 @@ class SlotPool:
     """Slots of one scheduling pass. `refs()` are what the driver waits on; `handle(ref)` takes
     one that is ready and returns the cell that lost its slot, if any."""
 
-    def __init__(self, packer: Packer, runtime_env: dict[str, Any] | None = None) -> None:
-        self.packer = packer
+    def __init__(self, inventory: Inventory, runtime_env: dict[str, Any] | None = None) -> None:
+        self.inventory = inventory
         self.runtime_env = runtime_env
         self.slots: dict[Any, Slot] = {}  # where_ref and vigil_ref -> slot
         self.deaths: dict[str, int] = {}
@@ -117,12 +118,12 @@ class SlotPool:
         """The cell stopped: its GPUs are idle again, except those whose slot died with it."""
         for slot in slots:
             slot.cell = None
-        released = self.packer.release(cell_id)
+        released = self.inventory.release(cell_id)
         if released is not None:
             node, gpus = released
             for gpu in gpus:
                 if self.slot_for(node, gpu) is None:
-                    self.packer.remove_gpu(node, gpu)
+                    self.inventory.remove_gpu(node, gpu)
 
     def discard(self, slot: Slot) -> None:
         """The slot's actor is known dead (a call on it failed): stop counting on it."""
@@ -140,10 +141,10 @@ class SlotPool:
         spare = sum(1 for s in slots if s.cell is None)
         remaining = sum(cell.gpus for cell in queue) - spare
         nodes = gpu_nodes()
-        for gone in set(self.packer.nodes) - {node_id for node_id, _, _ in nodes}:
-            self.packer.remove_node(gone)
+        for gone in set(self.inventory.nodes) - {node_id for node_id, _, _ in nodes}:
+            self.inventory.remove_node(gone)
         for node_id, declared, types in nodes:
-            self.packer.add_node(node_id, declared, types)
+            self.inventory.add_node(node_id, declared, types)
             usable = [c.gpus for c in queue if c.gpus <= declared and (not c.model.gpu_type or c.model.gpu_type in types)]
             if remaining <= 0 or not usable or self.deaths.get(node_id, 0) > declared:
                 continue
@@ -175,7 +176,7 @@ class SlotPool:
         if ref is slot.where_ref:
             del self.slots[ref]
             slot.gpu = str(where["gpu"])
-            self.packer.add_gpu(slot.node, slot.gpu)
+            self.inventory.add_gpu(slot.node, slot.gpu)
         return None
 
     def close(self) -> None:
@@ -189,15 +190,15 @@ class SlotPool:
         actor = GpuSlot.options(**options).remote()
         slot = Slot(actor, node_id, actor.where.remote(), actor.vigil.remote())
         self.slots[slot.where_ref] = self.slots[slot.vigil_ref] = slot
-        self.packer.ask_gpu(node_id, time.time())
+        self.inventory.ask_gpu(node_id, time.time())
 
     def _forget(self, slot: Slot) -> None:
         """Stop counting on the slot and kill its actor (its server, if any, dies with it)."""
         for ref in (slot.where_ref, slot.vigil_ref):
             self.slots.pop(ref, None)
         if slot.gpu is None:
-            self.packer.unask_gpu(slot.node)
+            self.inventory.unask_gpu(slot.node)
         elif slot.cell is None:
-            self.packer.remove_gpu(slot.node, slot.gpu)
+            self.inventory.remove_gpu(slot.node, slot.gpu)
         with contextlib.suppress(Exception):
             ray.kill(slot.actor)

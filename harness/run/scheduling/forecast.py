@@ -13,7 +13,6 @@ tells the user when the run should end.
 
 from __future__ import annotations
 
-import copy
 import heapq
 import math
 import random
@@ -121,8 +120,7 @@ def _rehearsal(packer: Packer, now: float) -> Packer:
     """A copy of the packer to play forward, with every GPU a node declares but has no slot on yet
     counted idle (the pool asks for slots as the queue needs them), and cells started when nothing
     was known expected to take the typical time from now."""
-    ahead = Packer(packer.durations, prefer_warm=packer.prefer_warm)
-    ahead.nodes = copy.deepcopy(packer.nodes)
+    ahead = Packer(packer.durations, prefer_warm=packer.prefer_warm, inventory=packer.inventory.copy())
     typical = packer.durations.typical() or 0.0
     for node in ahead.nodes.values():
         node.asked.clear()

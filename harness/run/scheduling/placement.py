@@ -26,12 +26,11 @@ a tp-8 cell is waiting for. The policy:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness.run.scheduling.durations import Durations
+from harness.run.scheduling.inventory import Inventory, NodeGpus
 from harness.suite.matrix import Cell
-
-SLOT_PATIENCE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -42,28 +41,8 @@ class Placement:
 
 
 @dataclass
-class _Node:
-    node_id: str
-    rank: int
-    declared: int  # GPUs the node has; slots not placed yet count only towards reservations
-    types: frozenset[str]
-    idle: set[str] = field(default_factory=set)
-    asked: list[float] = field(default_factory=list)  # when each slot Ray has not placed yet was asked for
-    busy: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)  # cell -> (GPUs, expected end)
-    models: set[str] = field(default_factory=set)
-
-    def held(self) -> int:
-        return sum(len(gpus) for gpus, _ in self.busy.values())
-
-    def coming(self, now: float) -> int:
-        """Slots asked for recently enough to count on soon (Ray places a slot in seconds unless
-        something else holds the GPU)."""
-        return sum(1 for asked in self.asked if now - asked < SLOT_PATIENCE_S)
-
-
-@dataclass
 class _Reservation:
-    node: _Node
+    node: NodeGpus
     shadow: float  # when the reserved cell is expected to fit (inf: unknown)
     extra: int  # GPUs idle at that time that the reserved cell will not need
 
@@ -104,54 +83,27 @@ def pick_gpus(idle: set[str], count: int) -> tuple[str, ...]:
 
 
 class Packer:
-    """The driver's view of the GPUs it holds, and the placement policy over them."""
+    """The placement policy over the GPUs an `Inventory` says the run holds."""
 
-    def __init__(self, durations: Durations, prefer_warm: bool = True) -> None:
+    def __init__(self, durations: Durations, prefer_warm: bool = True, inventory: Inventory | None = None) -> None:
         self.durations = durations
         self.prefer_warm = prefer_warm
-        self.nodes: dict[str, _Node] = {}
+        self.inventory = inventory if inventory is not None else Inventory()
 
-    # ---- what the cluster gives ---------------------------------------------------------------------
-    def add_node(self, node_id: str, declared: int, types: frozenset[str] = frozenset()) -> None:
-        """A node with `declared` GPUs of `types` (Ray's accelerator types, e.g. "H100")."""
-        if node_id not in self.nodes:
-            self.nodes[node_id] = _Node(node_id, len(self.nodes), declared, types)
-
-    def ask_gpu(self, node_id: str, now: float) -> None:
-        """A slot was asked for on this node; Ray has not placed it yet."""
-        self.nodes[node_id].asked.append(now)
-
-    def add_gpu(self, node_id: str, gpu: str) -> None:
-        """A slot on this GPU is placed and idle."""
-        node = self.nodes[node_id]
-        node.idle.add(gpu)
-        if node.asked:
-            node.asked.pop(0)
-
-    def unask_gpu(self, node_id: str) -> None:
-        """A slot asked for on this node will not be placed (it died, or was given back first)."""
-        node = self.nodes.get(node_id)
-        if node is not None and node.asked:
-            node.asked.pop(0)
-
-    def remove_gpu(self, node_id: str, gpu: str) -> None:
-        """The GPU's slot is gone (died, or given back to the cluster)."""
-        node = self.nodes.get(node_id)
-        if node is not None:
-            node.idle.discard(gpu)
-
-    def remove_node(self, node_id: str) -> None:
-        """The node left the cluster (cells still running there keep it until they are released)."""
-        node = self.nodes.get(node_id)
-        if node is not None and not node.busy:
-            del self.nodes[node_id]
+    @property
+    def nodes(self) -> dict[str, NodeGpus]:
+        return self.inventory.nodes
 
     def could_hold(self, cell: Cell) -> bool:
         """Some known node is wide enough and of the right type, now or once its slots are placed."""
-        return any(max(n.declared, len(n.idle) + n.held()) >= cell.gpus for n in self._eligible(cell))
+        return self.inventory.could_hold(cell.gpus, cell.model.gpu_type)
 
     def idle(self) -> list[tuple[str, str]]:
-        return [(node.node_id, gpu) for node in self.nodes.values() for gpu in node.idle]
+        return self.inventory.idle()
+
+    def release(self, cell_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """A cell stopped: its GPUs are idle again. Returns (node, GPUs) it held."""
+        return self.inventory.release(cell_id)
 
     # ---- placing ---------------------------------------------------------------------------------------
     def place(self, queue: list[Cell], now: float) -> list[Placement]:
@@ -184,17 +136,8 @@ class Packer:
                 reserved[reservation.node.node_id] = reservation
         return placements
 
-    def release(self, cell_id: str) -> tuple[str, tuple[str, ...]] | None:
-        """A cell stopped: its GPUs are idle again. Returns (node, GPUs) it held."""
-        for node in self.nodes.values():
-            if cell_id in node.busy:
-                gpus, _ = node.busy.pop(cell_id)
-                node.idle.update(gpus)
-                return node.node_id, gpus
-        return None
-
-    def _eligible(self, cell: Cell) -> list[_Node]:
-        return [n for n in self.nodes.values() if not cell.model.gpu_type or cell.model.gpu_type in n.types]
+    def _eligible(self, cell: Cell) -> list[NodeGpus]:
+        return self.inventory.eligible(cell.model.gpu_type)
 
     def _guess(self, cell: Cell) -> float | None:
         # A cell nothing is known of counts as typical once anything is: a wrong guess delays a
@@ -214,14 +157,12 @@ class Packer:
             return True
         return self._ends_before(cell, now, reservation) or cell.gpus <= reservation.extra
 
-    def _start(self, cell: Cell, node: _Node, now: float) -> Placement:
+    def _start(self, cell: Cell, node: NodeGpus, now: float) -> Placement:
         gpus = pick_gpus(node.idle, cell.gpus)
-        node.idle.difference_update(gpus)
-        node.busy[cell.cell_id] = (gpus, self._expected_end(cell, now))
-        node.models.add(cell.model.id)
+        self.inventory.occupy(cell.cell_id, node.node_id, gpus, self._expected_end(cell, now), cell.model.id)
         return Placement(cell, node.node_id, gpus)
 
-    def _reserve(self, eligible: list[_Node], cell: Cell, now: float) -> _Reservation | None:
+    def _reserve(self, eligible: list[NodeGpus], cell: Cell, now: float) -> _Reservation | None:
         """The node where `cell` fits soonest, with what will be left over there."""
         best: tuple[tuple[float, int, int], _Reservation] | None = None
         for node in eligible:

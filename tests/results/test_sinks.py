@@ -1,0 +1,68 @@
+"""Sinks: a run talks to one chain of them, so a new destination is one class. A toy sink passed
+to a real (simulated) run sees every judged cell and the close, in order, after the results folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from harness.gsm8k.protocol import build_plan
+from harness.results.records import CellResult, RunInfo, Status
+from harness.results.sinks import FinishedCell, FolderSink, Sinks, standard_sinks
+from harness.results.store import ResultsStore
+from harness.run.pipeline import RunInputs, RunOptions, run_suite
+from harness.suite.config import load_suite
+from harness.suite.matrix import expand, select
+from tests.helpers import ROOT
+
+
+class PullRequestComment:
+    """A toy sink: collects the lines a PR comment would have."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.opened: RunInfo | None = None
+        self.closed: RunInfo | None = None
+
+    def open(self, info: RunInfo, params: dict[str, Any]) -> RunInfo:
+        self.opened = info
+        return info
+
+    def cell(self, finished: FinishedCell) -> CellResult:
+        self.lines.append(f"{finished.result.status.value} {finished.result.cell_id} n={len(finished.questions)}")
+        return finished.result
+
+    def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
+        self.closed = info
+        self.lines.append(f"{len(results)} cells, exit {info.exit_code}")
+        return info
+
+
+def test_a_toy_sink_sees_every_cell_and_the_close_of_a_real_run(ray_local, gsm8k, tmp_path):
+    loaded = load_suite(ROOT / "configs" / "demo.yaml")
+    loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update={"num_questions": 20})})
+    matrix = select(expand(loaded.suite), "model=deepseek-v2-lite,attention_backend=triton|fa3,radix_cache=on")
+    plan = build_plan(gsm8k, loaded.suite.protocol, 20, 0)
+    options = RunOptions(results_dir=tmp_path, tracking_uri=None, quiet=True)
+    comment = PullRequestComment()
+
+    def sinks_for(store: ResultsStore) -> Sinks:
+        return Sinks([*standard_sinks(store, None, None).sinks, comment])
+
+    report = run_suite(RunInputs(loaded, matrix, gsm8k, plan), options, Console(quiet=True), sinks=sinks_for)
+    assert comment.opened is not None and comment.opened.run_id == report.info.run_id
+    assert sorted(comment.lines[:-1]) == sorted(f"{r.status.value} {r.cell_id} n=20" for r in report.results)
+    assert comment.lines[-1] == f"4 cells, exit {report.exit_code}" and comment.closed.counts == report.info.counts
+    written = ResultsStore(tmp_path, report.info.run_id).cells()
+    assert [r.cell_id for r in written] and all(r.status is not Status.SKIPPED for r in written)
+
+
+def test_the_folder_sink_writes_questions_log_and_line_and_records_the_log_path(tmp_path):
+    store = ResultsStore(tmp_path, "t-1")
+    result = CellResult(cell_id="c", model="m", factors={}, args=[], resolved={}, status=Status.PASS, reason="ok")
+    written = FolderSink(store).cell(FinishedCell(result, [], {}, "server log\n"))
+    assert written.log_path == str(tmp_path / "t-1" / "logs" / "c.log")
+    assert Path(written.log_path).read_text() == "server log\n"
+    assert store.cells() == [written] and (tmp_path / "t-1" / "questions" / "c.jsonl").exists()
