@@ -212,9 +212,6 @@ class ServerProcess:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
     def stop(self) -> None:
         """SIGTERM to the process group, a grace period, then SIGKILL; check nothing survives."""
         process = self.process

@@ -19,7 +19,6 @@ MAX_SUBSET_VALUES = 8  # axes with more values only get single-value conditions
 class Literal:
     factor: str
     values: frozenset[str]
-    all_values: int
 
     def holds(self, cell: dict[str, str]) -> bool:
         return cell.get(self.factor) in self.values
@@ -62,7 +61,7 @@ def _candidates(cells: list[dict[str, str]]) -> list[Literal]:
         sizes = range(1, len(values)) if len(values) <= MAX_SUBSET_VALUES else range(1, 2)
         for size in sizes:
             for subset in itertools.combinations(values, size):
-                literals.append(Literal(factor, frozenset(subset), len(values)))
+                literals.append(Literal(factor, frozenset(subset)))
     return literals
 
 

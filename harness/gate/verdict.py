@@ -12,7 +12,7 @@ Significance is Bonferroni-corrected over the cells tested, so a healthy night s
 from __future__ import annotations
 
 from harness.errors import ErrorKind
-from harness.gate.stats import below_floor_p, paired_comparison, wilson_interval
+from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.results.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
 
@@ -23,10 +23,8 @@ def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, boo
             for r in records if r.error is None}
 
 
-def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
-          reference: CellOutcome | None = None, history: CellOutcome | None = None) -> Verdict:
-    """`reference`: the reference cell of this run; `history`: the same cell in the last run of the
-    suite where it passed (same protocol). Each is a paired test on the questions both answered."""
+def unmeasured(outcome: CellOutcome, gate: GateSpec) -> Verdict | None:
+    """`error` or `mismatch` when the outcome cannot be scored as the cell it is labelled; else None."""
     if outcome.error is not None:
         return Verdict(status=Status.ERROR, reason=outcome.error.message, error_kind=outcome.error.kind)
     if outcome.mismatches:
@@ -41,42 +39,63 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
         return Verdict(status=Status.ERROR, error_kind=ErrorKind.TRANSPORT,
                        reason=f"{score.infra_failures} of {asked} questions failed in transport "
                               f"(limit {gate.max_infra_failure_rate:.0%}); first: {first}")
+    return None
+
+
+def _worse(status: Status, other: Status) -> Status:
+    order = (Status.PASS, Status.INCONCLUSIVE, Status.FAIL)
+    return max(status, other, key=order.index)
+
+
+def _floor_test(correct: int, n: int, floor: float, alpha: float) -> tuple[Status, float, str | None]:
+    floor_p = below_floor_p(correct, n, floor)
+    if floor > 0 and floor_p < alpha:
+        return Status.FAIL, floor_p, f"below floor {floor:.2f} (p={floor_p:.2g} < {alpha:.2g})"
+    if correct / n < floor:
+        return Status.INCONCLUSIVE, floor_p, f"under floor {floor:.2f} but not significantly (p={floor_p:.2g})"
+    return Status.PASS, floor_p, None
+
+
+def _paired_test(answers: dict[int, bool], other: CellOutcome | None, gate: GateSpec, alpha: float, label: str,
+                 undecided_drop: Status) -> tuple[Status, Paired | None, str | None]:
+    """Against `other` on the questions both answered: `fail` for a significant drop of at least
+    `min_effect`; `undecided_drop` for such a drop that is not significant."""
+    if other is None or other.score is None or other.error is not None:
+        return Status.PASS, None, None
+    paired = paired_comparison(answers, correctness(other.questions, gate.extraction))
+    if paired is None:
+        return Status.PASS, None, None
+    reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared: "
+              f"lost {paired.losses}, gained {paired.gains}, McNemar p={paired.p_drop:.2g}")
+    if paired.drop >= gate.min_effect:
+        return (Status.FAIL if paired.p_drop < alpha else undecided_drop), paired, reason
+    return Status.PASS, paired, reason
+
+
+def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
+          reference: CellOutcome | None = None, history: CellOutcome | None = None) -> Verdict:
+    """`reference`: the reference cell of this run; `history`: the same cell in the last run of the
+    suite where it passed (same protocol). Each is a paired test on the questions both answered."""
+    early = unmeasured(outcome, gate)
+    if early is not None:
+        return early
     answers = correctness(outcome.questions, gate.extraction)
     n, correct = len(answers), sum(answers.values())
-    accuracy = correct / n
     low, high = wilson_interval(correct, n)
     # Bonferroni over cells and over the tests made on each (floor, reference, history).
     alpha = gate.alpha / max(cells_tested, 1) / (2 if history is not None else 1)
-    floor_p = below_floor_p(correct, n, floor)
-    reasons = [f"accuracy {accuracy:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
+    reasons = [f"accuracy {correct / n:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
     if outcome.stopped_early:
         reasons.append(outcome.stopped_early)
-    status = Status.PASS
-    if floor > 0 and floor_p < alpha:
-        status = Status.FAIL
-        reasons.append(f"below floor {floor:.2f} (p={floor_p:.2g} < {alpha:.2g})")
-    elif accuracy < floor:
-        status = Status.INCONCLUSIVE
-        reasons.append(f"under floor {floor:.2f} but not significantly (p={floor_p:.2g})")
-    paired = None
-    if reference is not None and reference.score is not None and reference.error is None:
-        paired = paired_comparison(answers, correctness(reference.questions, gate.extraction))
-    if paired is not None:
-        reasons.append(f"vs reference {paired.reference_accuracy:.3f} on {paired.n} shared: "
-                       f"lost {paired.losses}, gained {paired.gains}, McNemar p={paired.p_drop:.2g}")
-        if paired.p_drop < alpha and paired.drop >= gate.min_effect:
-            status = Status.FAIL
-        elif paired.drop >= gate.min_effect and status is Status.PASS:
-            status = Status.INCONCLUSIVE
-    history_p = None
-    if history is not None and history.score is not None:
-        before = paired_comparison(answers, correctness(history.questions, gate.extraction))
-        if before is not None:
-            history_p = before.p_drop
-            reasons.append(f"vs the last passing run {before.reference_accuracy:.3f} on {before.n} shared: "
-                           f"lost {before.losses}, gained {before.gains}, McNemar p={before.p_drop:.2g}")
-            if before.p_drop < alpha and before.drop >= gate.min_effect:
-                status = Status.FAIL
-    return Verdict(status=status, reason="; ".join(reasons), accuracy=accuracy, n=n, correct=correct, ci_low=low,
+    status, floor_p, why = _floor_test(correct, n, floor, alpha)
+    versus_reference, paired, why_reference = _paired_test(answers, reference, gate, alpha, "reference",
+                                                           Status.INCONCLUSIVE)
+    versus_history, before, why_history = _paired_test(answers, history, gate, alpha, "the last passing run",
+                                                       Status.PASS)
+    for verdict_part, text in ((status, why), (versus_reference, why_reference), (versus_history, why_history)):
+        status = _worse(status, verdict_part)
+        if text:
+            reasons.append(text)
+    return Verdict(status=status, reason="; ".join(reasons), accuracy=correct / n, n=n, correct=correct, ci_low=low,
                    ci_high=high, floor_p=floor_p, mcnemar_p=paired.p_drop if paired else None,
-                   agreement=paired.agreement if paired else None, history_p=history_p)
+                   agreement=paired.agreement if paired else None, history_p=before.p_drop if before else None)

@@ -177,6 +177,59 @@ async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalS
                           output_tokens=answer.output_tokens, attempts=attempt)
 
 
+class _Asking:
+    """The questions of one evaluation: handed out in plan order to `concurrency` workers, answers
+    collected, progress reported, and everything stopped once `should_stop` says so."""
+
+    def __init__(self, plan: ProtocolPlan, settings: EvalSettings, on_progress: Callable[[Progress], None] | None,
+                 should_stop: Callable[[list[QuestionRecord]], bool] | None) -> None:
+        self.plan, self.settings = plan, settings
+        self.on_progress, self.should_stop = on_progress, should_stop
+        self.pending = iter(enumerate(plan.prompts))
+        self.records: dict[int, QuestionRecord] = {}
+        self.finished: list[QuestionRecord] = []
+        self.started = time.perf_counter()
+        self.stop = asyncio.Event()
+        self.correct = self.failures = 0
+        self.workers: list[asyncio.Task[None]] = []
+
+    async def worker(self, send: Sender) -> None:
+        for position, prompt in self.pending:
+            if self.stop.is_set():
+                return
+            record = await _ask(send, self.plan, prompt, self.settings)
+            self.records[position] = record
+            self.finished.append(record)
+            self.correct += record.correct
+            self.failures += record.error is not None
+            if self.on_progress is not None:
+                self.on_progress(Progress(len(self.finished), len(self.plan.prompts), self.correct, self.failures,
+                                          time.perf_counter() - self.started))
+            if self.should_stop is not None and self.should_stop(self.finished):
+                # Stop now: the answers in flight are not needed, and cancelling them frees the server.
+                self.stop.set()
+                for task in self.workers:
+                    if task is not asyncio.current_task():
+                        task.cancel()
+                return
+
+    async def run(self, send: Sender) -> list[QuestionRecord]:
+        """Every question (or until stopped), records in the plan's question order."""
+        count = min(self.settings.concurrency, len(self.plan.prompts))
+        self.workers += [asyncio.create_task(self.worker(send)) for _ in range(count)]
+        try:
+            outcomes = await asyncio.gather(*self.workers, return_exceptions=True)
+            for result in outcomes:
+                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                    raise result
+        finally:
+            for task in self.workers:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*self.workers, return_exceptions=True)
+        return [self.records[i] for i in sorted(self.records)]
+
+
 async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = EvalSettings(),
                    on_progress: Callable[[Progress], None] | None = None,
                    should_stop: Callable[[list[QuestionRecord]], bool] | None = None) -> tuple[Score, list[QuestionRecord]]:
@@ -186,36 +239,7 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
     (the sequential gate uses it). Records come back in the plan's question order.
     """
     base_url = base_url.rstrip("/")
-    pending = iter(enumerate(plan.prompts))
-    records: dict[int, QuestionRecord] = {}
-    finished: list[QuestionRecord] = []
-    started = time.perf_counter()
-    stop = asyncio.Event()
-    correct = failures = 0
-
-    workers: list[asyncio.Task[None]] = []
-
-    async def worker(send: Sender) -> None:
-        nonlocal correct, failures
-        for position, prompt in pending:
-            if stop.is_set():
-                return
-            record = await _ask(send, plan, prompt, settings)
-            records[position] = record
-            finished.append(record)
-            correct += record.correct
-            failures += record.error is not None
-            if on_progress is not None:
-                on_progress(Progress(len(finished), len(plan.prompts), correct, failures,
-                                     time.perf_counter() - started))
-            if should_stop is not None and should_stop(finished):
-                # Stop now: the answers in flight are not needed, and cancelling them frees the server.
-                stop.set()
-                for task in workers:
-                    if task is not asyncio.current_task():
-                        task.cancel()
-                return
-
+    asking = _Asking(plan, settings, on_progress, should_stop)
     connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=settings.concurrency)
     timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else None
@@ -230,19 +254,8 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
                 base_url=base_url + "/v1", api_key=settings.api_key or "none", max_retries=0,
                 timeout=settings.request_timeout_s))
             send = _openai_sender(client)
-        workers += [asyncio.create_task(worker(send)) for _ in range(min(settings.concurrency, len(plan.prompts)))]
-        try:
-            outcomes = await asyncio.gather(*workers, return_exceptions=True)
-            for result in outcomes:
-                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                    raise result
-        finally:
-            for task in workers:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*workers, return_exceptions=True)
-    ordered = [records[i] for i in sorted(records)]
-    return score(ordered, time.perf_counter() - started), ordered
+        ordered = await asking.run(send)
+    return score(ordered, time.perf_counter() - asking.started), ordered
 
 
 def score(records: list[QuestionRecord], eval_s: float) -> Score:

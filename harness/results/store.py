@@ -6,7 +6,6 @@ half a line; cells.jsonl is rewritten whole on each append for the same reason (
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import tempfile
@@ -97,6 +96,3 @@ class ResultsStore:
     def write_text(self, name: str, text: str) -> Path:
         atomic_write(self.path / name, text)
         return self.path / name
-
-    def write_json(self, name: str, data: object) -> Path:
-        return self.write_text(name, json.dumps(data, indent=2, default=str) + "\n")

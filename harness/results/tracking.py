@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.errors import TrackingError
 from harness.results.records import CellResult, QuestionRecord, RunInfo
 
 
@@ -176,7 +175,3 @@ class Tracker:
             self._call(f"logging {name}", self._client.log_text, self.parent_run_id, text, name)
         self._call("closing the parent run", self._client.set_terminated, self.parent_run_id,
                    "FAILED" if info.exit_code == 1 else "FINISHED")
-
-    def raise_if_failed(self) -> None:
-        if self.error:
-            raise TrackingError(self.error)

@@ -39,16 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"[sim] server_args={resolved}", flush=True)
     faults = world.faults_for(args.model_path, resolved)
-    for fault in faults:
-        if fault.startup_exit_code is not None:
-            print(fault.startup_message, file=sys.stderr, flush=True)
-            return fault.startup_exit_code
-        if fault.ignore_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if fault.spawn_grandchild:
-            # A detached-looking helper in the same process group, as tp workers are for sglang.
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-
+    code = _startup_faults(faults)
+    if code is not None:
+        return code
     from aiohttp import web
 
     from harness.gsm8k.dataset import load_gsm8k
@@ -69,6 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,
                 handle_signals=not any(f.ignore_sigterm for f in faults))
     return 0
+
+
+def _startup_faults(faults: list) -> int | None:
+    """Apply the faults that act at startup; the exit code when one ends the server right away."""
+    for fault in faults:
+        if fault.startup_exit_code is not None:
+            print(fault.startup_message, file=sys.stderr, flush=True)
+            return fault.startup_exit_code
+        if fault.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if fault.spawn_grandchild:
+            # A detached-looking helper in the same process group, as tp workers are for sglang.
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    return None
 
 
 def _in_page_cache(world: World, world_path: Path, model_path: str) -> bool:

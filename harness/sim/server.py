@@ -150,57 +150,53 @@ def _stop_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-def build_app(state: SimState) -> web.Application:
-    routes = web.RouteTableDef()
+class SimRoutes:
+    """The simulated server's HTTP routes over one SimState (sglang's paths and payloads)."""
 
-    async def begin() -> tuple[int, web.Response | None]:
-        state.requests += 1
-        if state.first_request_at is None:
-            state.first_request_at = time.time()
-        return state.requests, await _faults_before_answer(state, state.requests)
+    def __init__(self, state: SimState) -> None:
+        self.state = state
 
-    @routes.get("/sim/stats")
-    async def stats(_: web.Request) -> web.Response:
+    async def begin(self) -> tuple[int, web.Response | None]:
+        self.state.requests += 1
+        if self.state.first_request_at is None:
+            self.state.first_request_at = time.time()
+        return self.state.requests, await _faults_before_answer(self.state, self.state.requests)
+
+    async def stats(self, _: web.Request) -> web.Response:
         """Not an sglang route: what benchmarks read (requests served, when the first arrived)."""
         now = time.perf_counter()
+        state = self.state
+        busy_s = state.busy_slot_s + sum(now - t for t in state.serving.values())
         return web.json_response({"requests": state.requests, "first_request_at": state.first_request_at,
-                                  "slots": state.world.latency.slots, "busy_slot_s": state.busy_slot_s + sum(now - t for t in state.serving.values()),
-                                  "at": now})
+                                  "slots": state.world.latency.slots, "busy_slot_s": busy_s, "at": now})
 
-    @routes.get("/health")
-    async def health(_: web.Request) -> web.Response:
+    async def health(self, _: web.Request) -> web.Response:
         return web.Response(text="")
 
-    @routes.get("/health_generate")
-    async def health_generate(_: web.Request) -> web.Response:
-        if any(f.never_ready for f in state.faults):
+    async def health_generate(self, _: web.Request) -> web.Response:
+        if any(f.never_ready for f in self.state.faults):
             return web.Response(status=503, text="not ready")
-        if any(f.hang_after_requests is not None and state.requests > f.hang_after_requests for f in state.faults):
+        if any(f.hang_after_requests is not None and self.state.requests > f.hang_after_requests for f in self.state.faults):
             await asyncio.Event().wait()  # a hung scheduler cannot generate the health token either
         return web.Response(text="")
 
-    @routes.get("/get_server_info")
-    @routes.get("/server_info")
-    async def server_info(_: web.Request) -> web.Response:
-        reported = {k: v for k, v in state.resolved.items() if k not in state.world.unreported_fields}
-        return web.json_response({**reported, "version": state.world.version})
+    async def server_info(self, _: web.Request) -> web.Response:
+        reported = {k: v for k, v in self.state.resolved.items() if k not in self.state.world.unreported_fields}
+        return web.json_response({**reported, "version": self.state.world.version})
 
-    @routes.get("/get_model_info")
-    async def model_info(_: web.Request) -> web.Response:
-        return web.json_response({"model_path": state.model_path, "tokenizer_path": state.model_path,
+    async def model_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.state.model_path, "tokenizer_path": self.state.model_path,
                                   "is_generation": True})
 
-    @routes.get("/v1/models")
-    async def models(_: web.Request) -> web.Response:
-        name = state.resolved["served_model_name"]
+    async def models(self, _: web.Request) -> web.Response:
+        name = self.state.resolved["served_model_name"]
         return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
 
-    @routes.route("*", "/flush_cache")
-    async def flush_cache(_: web.Request) -> web.Response:
-        state.prefixes.clear()
+    async def flush_cache(self, _: web.Request) -> web.Response:
+        self.state.prefixes.clear()
         return web.Response(text="Cache flushed.")
 
-    async def accept(request: web.Request) -> tuple[dict[str, Any], int, web.Response | None]:
+    async def accept(self, request: web.Request) -> tuple[dict[str, Any], int, web.Response | None]:
         """The JSON body, the request's number, and the fault response to send instead, if any."""
         try:
             body = await request.json()
@@ -208,12 +204,11 @@ def build_app(state: SimState) -> web.Application:
             raise web.HTTPBadRequest(text="request body is not JSON") from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text="request body must be a JSON object")
-        number, failure = await begin()
+        number, failure = await self.begin()
         return body, number, failure
 
-    @routes.post("/generate")
-    async def generate(request: web.Request) -> web.Response:
-        body, number, failure = await accept(request)
+    async def generate(self, request: web.Request) -> web.Response:
+        body, number, failure = await self.accept(request)
         if failure is not None:
             return failure
         if not isinstance(body.get("text"), str):
@@ -221,29 +216,27 @@ def build_app(state: SimState) -> web.Application:
         params = body.get("sampling_params") or {}
         prefix, question = split_prompt(body["text"])
         text, reason, prompt_tokens, tokens = await _answer(
-            state, prefix, question, _stop_list(params.get("stop")), int(params.get("max_new_tokens", 128)), False, number)
+            self.state, prefix, question, _stop_list(params.get("stop")), int(params.get("max_new_tokens", 128)), False, number)
         return web.json_response({"text": text, "meta_info": {
             "id": str(number), "prompt_tokens": prompt_tokens, "completion_tokens": tokens,
             "finish_reason": {"type": reason}}})
 
-    @routes.post("/v1/completions")
-    async def completions(request: web.Request) -> web.Response:
-        body, number, failure = await accept(request)
+    async def completions(self, request: web.Request) -> web.Response:
+        body, number, failure = await self.accept(request)
         if failure is not None:
             return failure
         if not isinstance(body.get("prompt"), str):
             return web.json_response({"error": {"message": "prompt must be a string"}}, status=400)
         prefix, question = split_prompt(body["prompt"])
         text, reason, prompt_tokens, tokens = await _answer(
-            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 16), False, number)
+            self.state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 16), False, number)
         return web.json_response({
             "id": f"cmpl-{number}", "object": "text_completion", "model": body.get("model"),
             "choices": [{"index": 0, "text": text, "finish_reason": reason}],
             "usage": _usage(prompt_tokens, tokens)})
 
-    @routes.post("/v1/chat/completions")
-    async def chat(request: web.Request) -> web.Response:
-        body, number, failure = await accept(request)
+    async def chat(self, request: web.Request) -> web.Response:
+        body, number, failure = await self.accept(request)
         if failure is not None:
             return failure
         messages = body.get("messages")
@@ -251,14 +244,27 @@ def build_app(state: SimState) -> web.Application:
             return web.json_response({"error": {"message": "messages must be a non-empty list"}}, status=400)
         prefix, question = split_messages(messages)
         text, reason, prompt_tokens, tokens = await _answer(
-            state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True, number)
+            self.state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True, number)
         return web.json_response({
             "id": f"chatcmpl-{number}", "object": "chat.completion", "model": body.get("model"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
             "usage": _usage(prompt_tokens, tokens)})
 
+
+def build_app(state: SimState) -> web.Application:
+    routes = SimRoutes(state)
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.add_routes(routes)
+    app.router.add_get("/sim/stats", routes.stats)  # not an sglang route: what benchmarks read
+    app.router.add_get("/health", routes.health)
+    app.router.add_get("/health_generate", routes.health_generate)
+    app.router.add_get("/get_server_info", routes.server_info)
+    app.router.add_get("/server_info", routes.server_info)
+    app.router.add_get("/get_model_info", routes.model_info)
+    app.router.add_get("/v1/models", routes.models)
+    app.router.add_route("*", "/flush_cache", routes.flush_cache)
+    app.router.add_post("/generate", routes.generate)
+    app.router.add_post("/v1/completions", routes.completions)
+    app.router.add_post("/v1/chat/completions", routes.chat)
 
     async def on_startup(_: web.Application) -> None:
         state.slots = asyncio.Semaphore(state.world.latency.slots)

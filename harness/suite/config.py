@@ -19,8 +19,6 @@ from harness.errors import ConfigError
 from harness.gsm8k.protocol import ProtocolName
 from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, backend_axes
 
-Switch = Literal["on", "off"]
-
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)

@@ -92,14 +92,8 @@ class Scheduler:
         packer = Packer(self.durations, prefer_warm=self.cluster.prefer_warm_nodes)
         pool = SlotPool(packer.inventory, self.cluster.runtime_env or None)
         running: dict[Any, _Running] = {}
-        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,
-                            disable=self.quiet, transient=False)
+        progress = self._progress()
         task = progress.add_task(label, total=len(todo), state="")
-
-        def finish(cell: Cell, outcome: CellOutcome, log: str) -> None:
-            progress.advance(task)
-            on_outcome(cell, outcome, log, progress.console)
 
         try:
             with progress:
@@ -112,45 +106,65 @@ class Scheduler:
                     pool.grow(queue)
                     for placement in packer.place(queue, time.time()):
                         queue.remove(placement.cell)
-                        slots = pool.assign(placement)
-                        run_ref = slots[0].actor.run.remote(self.job(placement.cell, placement.gpus), plan_ref)
-                        running[run_ref] = _Running(placement, slots, run_ref, attempts[placement.cell.cell_id])
+                        entry = self._start(placement, pool, plan_ref, attempts[placement.cell.cell_id])
+                        running[entry.run_ref] = entry
                     for cell, reason in self._homeless(queue, packer, homeless_since):
                         queue.remove(cell)
-                        finish(cell, _failed(cell, ErrorKind.NO_NODE, reason), "")
+                        finished.append((cell, _failed(cell, ErrorKind.NO_NODE, reason), ""))
                     if not queue:
                         pool.shrink()  # nothing waits: give idle GPUs back to the cluster
-                    for cell, outcome, log in finished:
-                        finish(cell, outcome, log)
-                    finished.clear()
+                    for cell, outcome, log in finished:  # after the GPUs went to the next cells
+                        progress.advance(task)
+                        on_outcome(cell, outcome, log, progress.console)
+                    finished = []
                     if not (queue or running):
                         break
                     progress.update(task, state=self._state(queue, running, packer))
                     ready, _ = ray.wait([*running, *pool.refs()], num_returns=1, timeout=0.5)
-                    changed = False
-                    for ref in ready:
-                        if ref not in running:
-                            lost = pool.handle(ref)
-                            leader = next((e for e in running.values() if e.cell.cell_id == lost), None)
-                            if leader is not None:  # a GPU of a running cell is gone: stop the cell, retry it
-                                with contextlib.suppress(Exception):
-                                    ray.kill(leader.slots[0].actor)
-                            continue
-                        entry = running.pop(ref)
-                        changed = True
-                        outcome, log = self._collect(entry, pool)
-                        if outcome is None:  # its worker died: retry once, in its place in the queue
-                            attempts[entry.cell.cell_id] += 1
-                            queue = self.order([*queue, entry.cell])
-                            continue
-                        seconds = held_s(outcome.timings)
-                        if seconds is not None:
-                            self.durations.learn(entry.cell, seconds, outcome.stopped_early is not None)
-                        finished.append((entry.cell, outcome, log))
-                    if changed and queue:  # GPUs came back, durations were learned: the best order may differ
+                    retry, finished = self._take(ready, running, pool)
+                    for cell in retry:  # its worker died: retry once, in its place in the queue
+                        attempts[cell.cell_id] += 1
+                    queue = self.order([*queue, *retry]) if retry else queue
+                    if (retry or finished) and queue:  # GPUs came back, durations were learned: the best order may differ
                         queue = self._plan(packer, queue, REPLAN_TRIES, REPLAN_BUDGET_S, REPLAN_SHARE, seed=len(queue))
         finally:
             pool.close()
+
+    def _take(self, ready: list[Any], running: dict[Any, _Running],
+              pool: SlotPool) -> tuple[list[Cell], list[tuple[Cell, CellOutcome, str]]]:
+        """Handle what `ray.wait` returned: (cells whose worker died, to retry; finished cells)."""
+        retry, finished = [], []
+        for ref in ready:
+            if ref not in running:
+                self._slot_event(ref, pool, running)
+                continue
+            entry = running.pop(ref)
+            outcome, log = self._collect(entry, pool)
+            if outcome is None:
+                retry.append(entry.cell)
+            else:
+                finished.append((entry.cell, outcome, log))
+        return retry, finished
+
+    def _progress(self) -> Progress:
+        return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=self.console,
+                        disable=self.quiet, transient=False)
+
+    def _start(self, placement: Placement, pool: SlotPool, plan_ref: Any, attempt: int) -> _Running:
+        """Run a placed cell on its slots; the first slot leads (the server is its child)."""
+        slots = pool.assign(placement)
+        run_ref = slots[0].actor.run.remote(self.job(placement.cell, placement.gpus), plan_ref)
+        return _Running(placement, slots, run_ref, attempt)
+
+    @staticmethod
+    def _slot_event(ref: Any, pool: SlotPool, running: dict[Any, _Running]) -> None:
+        """A slot was placed or died; a running cell that lost a GPU is stopped (and retried)."""
+        lost = pool.handle(ref)
+        leader = next((e for e in running.values() if e.cell.cell_id == lost), None)
+        if leader is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(leader.slots[0].actor)
 
     def _plan(self, packer: Packer, queue: list[Cell], tries: int, budget_s: float, share: float,
               seed: int) -> list[Cell]:
@@ -200,4 +214,7 @@ class Scheduler:
                               f"worker failed: {type(error).__name__}: {str(error)[:300]}")
             log = ""
         pool.release(entry.cell.cell_id, entry.slots)
+        seconds = held_s(outcome.timings) if outcome is not None else None
+        if seconds is not None:
+            self.durations.learn(entry.cell, seconds, outcome.stopped_early is not None)
         return outcome, log
