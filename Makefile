@@ -28,7 +28,7 @@ test: venv browser
 	$(PY) -m pytest -q
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not browser"
 
 lint: venv
 	$(VENV)/bin/ruff check harness tests benchmarks

@@ -96,3 +96,23 @@ def test_plan_json_lists_cells_and_skips():
     result = regress("plan", "configs/nightly.yaml", "--json")
     data = json.loads(result.stdout)
     assert result.returncode == 0 and len(data["cells"]) == 76 and data["skipped"]
+
+
+def test_a_local_ray_that_cannot_start_is_one_line_and_not_a_regression(monkeypatch, tmp_path):
+    """Seen on a loaded 2-core machine: Ray's node timed out during startup. That is infrastructure
+    (exit 3), never "regressions found" (exit 1), and the user reads one line, not a traceback."""
+    import ray
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    def timed_out(**_: object) -> None:
+        raise Exception("The current node timed out during startup. This could happen because some of the "
+                        "Ray processes failed to startup.\n(77 more lines)")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", timed_out)
+    result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--no-tracking"])
+    assert result.exit_code == 3
+    assert "could not start or reach a local Ray cluster: The current node timed out during startup" in result.output
+    assert "Traceback" not in result.output and "77 more lines" not in result.output

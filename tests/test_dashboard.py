@@ -55,6 +55,7 @@ def test_page_has_heatmap_diff_history_attribution_and_links(results):
     assert "last 3 runs" in page
 
 
+@pytest.mark.browser
 def test_chromium_renders_the_dashboard_without_console_errors(results, tmp_path):
     chromium = shutil.which("chromium")
     assert chromium, "chromium is missing: `make test` installs it (apt-get install chromium)"

@@ -11,7 +11,7 @@ from typing import Any
 import ray
 
 from harness.engine.launch import default_python
-from harness.errors import ConfigError
+from harness.errors import ClusterError, ConfigError
 from harness.suite.axes import backend_axes
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix, expand, select
@@ -28,16 +28,28 @@ def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
         kwargs["runtime_env"] = spec.runtime_env
     already = ray.is_initialized()
     if not already:
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            # Loopback only: a local cluster has no reason to listen on the machine's network address.
-            ray.init(address="local", num_gpus=spec.gpus, num_cpus=spec.cpus, _node_ip_address="127.0.0.1", **kwargs)
+        _connect(address, spec.gpus, spec.cpus, kwargs)
     try:
         yield
     finally:
         if not already:
             ray.shutdown()
+
+
+def _connect(address: str | None, gpus: int, cpus: int | None, kwargs: dict[str, Any]) -> None:
+    """ray.init, with any failure to start or reach Ray as one ClusterError (exit 3, not a result)."""
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            # Loopback only: a local cluster has no reason to listen on the machine's network address.
+            ray.init(address="local", num_gpus=gpus, num_cpus=cpus, _node_ip_address="127.0.0.1", **kwargs)
+    except Exception as error:  # noqa: BLE001 - Ray raises bare Exception, RuntimeError, ConnectionError...; none is carried on
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+        hint = ("is it running, and is RAY_AUTH_MODE=token set if it uses tokens?" if address else
+                "on a busy machine, try again when it is quieter, or start Ray yourself and pass --ray-address")
+        raise ClusterError(f"could not start or reach {where}: {first}; {hint}") from None
 
 
 def engine_env(loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:

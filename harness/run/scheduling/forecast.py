@@ -117,18 +117,6 @@ def _runs(classes: list[Hashable]) -> list[tuple[int, int]]:
 
 
 def _rehearsal(packer: Packer, now: float) -> Packer:
-    """A copy of the packer to play forward, with every GPU a node declares but has no slot on yet
-    counted idle (the pool asks for slots as the queue needs them), and cells started when nothing
-    was known expected to take the typical time from now."""
-    ahead = Packer(packer.durations, prefer_warm=packer.prefer_warm, inventory=packer.inventory.copy())
-    typical = packer.durations.typical() or 0.0
-    for node in ahead.nodes.values():
-        node.asked.clear()
-        for cell_id, (gpus, end) in node.busy.items():
-            if math.isinf(end):
-                node.busy[cell_id] = (gpus, now + typical)
-        known = node.idle | {gpu for gpus, _ in node.busy.values() for gpu in gpus}
-        spare = (str(number) for number in range(node.declared * 2) if str(number) not in known)
-        for _ in range(max(0, node.declared - len(known))):
-            node.idle.add(next(spare))
-    return ahead
+    """A copy of the packer to play forward (see `Inventory.rehearsal`)."""
+    inventory = packer.inventory.rehearsal(now + (packer.durations.typical() or 0.0))
+    return Packer(packer.durations, prefer_warm=packer.prefer_warm, inventory=inventory)

@@ -7,6 +7,7 @@ forecast plays a copy of it forward.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 SLOT_PATIENCE_S = 60.0
@@ -39,9 +40,25 @@ class Inventory:
         self.nodes: dict[str, NodeGpus] = {}
 
     def copy(self) -> Inventory:
-        """An independent copy (the forecast plays it forward)."""
+        """An independent copy."""
         twin = Inventory()
         twin.nodes = copy.deepcopy(self.nodes)
+        return twin
+
+    def rehearsal(self, unknown_end: float) -> Inventory:
+        """A copy as the forecast plays it forward: every GPU a node declares but has no slot on yet
+        counts idle (the pool asks for slots as the queue needs them), and cells started when
+        nothing was known are expected to end at `unknown_end`."""
+        twin = self.copy()
+        for node in twin.nodes.values():
+            node.asked.clear()
+            for cell_id, (gpus, end) in node.busy.items():
+                if math.isinf(end):
+                    node.busy[cell_id] = (gpus, unknown_end)
+            known = node.idle | {gpu for gpus, _ in node.busy.values() for gpu in gpus}
+            spare = (str(number) for number in range(node.declared * 2) if str(number) not in known)
+            for _ in range(max(0, node.declared - len(known))):
+                node.idle.add(next(spare))
         return twin
 
     def add_node(self, node_id: str, declared: int, types: frozenset[str] = frozenset()) -> None:
