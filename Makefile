@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED_GSM8K := $(abspath ../shared/data/gsm8k)
 export REGRESS_GSM8K_PATH ?= $(if $(wildcard $(SHARED_GSM8K)/test.jsonl),$(SHARED_GSM8K),)
 
-.PHONY: venv browser demo test test-fast lint clean
+.PHONY: venv browser demo mlflow-ui test test-fast lint clean
 
 venv: $(VENV)/.installed
 
@@ -19,6 +19,12 @@ demo: venv
 	$(VENV)/bin/regress run configs/demo.yaml; code=$$?; \
 	  echo "regress run exited $$code (1 = regressions found, as the incident demo expects)"; \
 	  test $$code -le 1
+
+# The MLflow UI on the default store (results/mlflow.db), at http://127.0.0.1:5000 (PORT=... to change).
+PORT ?= 5000
+mlflow-ui: venv
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(abspath results/mlflow.db) \
+	  --default-artifact-root $(abspath results/mlartifacts) --host 127.0.0.1 --port $(PORT)
 
 # The dashboard's browser test needs Debian's chromium; install it when missing (CI runs as root).
 browser:

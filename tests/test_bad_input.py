@@ -95,7 +95,7 @@ def test_non_positive_question_count_on_the_command_line(tmp_path):
 def test_plan_json_lists_cells_and_skips():
     result = regress("plan", "configs/nightly.yaml", "--json")
     data = json.loads(result.stdout)
-    assert result.returncode == 0 and len(data["cells"]) == 76 and data["skipped"]
+    assert result.returncode == 0 and len(data["cells"]) == 72 and data["skipped"]
 
 
 def test_a_local_ray_that_cannot_start_is_one_line_and_not_a_regression(monkeypatch, tmp_path):

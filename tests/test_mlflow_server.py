@@ -94,7 +94,7 @@ def test_runs_on_a_tracking_server_then_it_goes_down_and_sync_completes(ray_loca
                 break
             time.sleep(0.2)
         stop_server(server)
-        assert runner.wait(timeout=300) == 1
+        assert runner.wait(timeout=300) == 0  # DeepSeek runs no wrapper: every cell passes
         run_dir = next((tmp_path / "results2").glob("demo-*"))
         assert len((run_dir / "cells.jsonl").read_text().splitlines()) == 8
         assert "MLflow" in (run_dir / "run.json").read_text() or "failed" in (run_dir / "run.json").read_text()

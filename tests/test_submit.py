@@ -48,7 +48,7 @@ def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
         result = subprocess.run(
             [str(Path(sys.executable).parent / "regress"), "submit", "configs/demo.yaml", "--address",
              f"http://127.0.0.1:{port}", "--python", sys.executable, "--select",
-             "model=deepseek-v2-lite,attention_backend=fa3,unified_memory=on,radix_cache=on",
+             "model=kimi-linear,attention_backend=fa3,unified_memory=on,radix_cache=on",
              "--num-questions", "30", "--no-tracking", "--results-dir", str(tmp_path / "results")],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     finally:
@@ -58,6 +58,6 @@ def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert "submitted Ray job" in result.stdout
-    assert "deepseek-v2-lite.ab-fa3.um-on.rc-on" in result.stdout  # the job's log, streamed
+    assert "kimi-linear.ab-fa3.um-on.rc-on" in result.stdout  # the job's log, streamed
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert list((tmp_path / "results").glob("demo-*/cells.jsonl"))

@@ -17,7 +17,9 @@ class LaunchSpec:
     """How to start one server. `env` is added to the caller's environment."""
 
     engine: Literal["sglang", "sim"]
-    python: str
+    # The server's interpreter; None: the one running this code, resolved where `argv` is built, on
+    # the worker (under a PR build, Ray's per-job virtualenv with the PR's sglang), never the driver's.
+    python: str | None
     cell: Cell
     seed: int
     startup_timeout_s: float
@@ -31,7 +33,7 @@ class LaunchSpec:
         """`<python> -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
         --random-seed S <cell flags> <model extra args>`, as a list (never a shell string)."""
         model = self.cell.model
-        argv = [self.python, "-m", ENGINE_MODULES[self.engine], "--model-path", model.path,
+        argv = [default_python(self.python), "-m", ENGINE_MODULES[self.engine], "--model-path", model.path,
                 "--host", LOOPBACK, "--port", str(port), "--tp-size", str(model.tp),
                 "--random-seed", str(self.seed), "--nccl-port", str(nccl_port)]
         if model.trust_remote_code:
@@ -46,4 +48,5 @@ class LaunchSpec:
 
 
 def default_python(configured: str | None) -> str:
+    """The suite's interpreter, else the one running this code (call it where the server starts)."""
     return configured or sys.executable

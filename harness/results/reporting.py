@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -83,7 +85,16 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
         console.print(f"[yellow]MLflow not updated[/]: {info.tracking_error}")
     elif info.tracking_uri:
         console.print(f"MLflow: {info.tracking_uri} (parent run {info.mlflow_run_id}); "
-                      f"open the UI with: mlflow ui --backend-store-uri {info.tracking_uri}")
+                      f"open the UI with: {mlflow_ui_command(info.tracking_uri)}")
+
+
+def mlflow_ui_command(tracking_uri: str) -> str:
+    """A command that opens this store's UI as it stands: the `mlflow` next to this interpreter (the
+    virtual environment is rarely on PATH), or the server's own address."""
+    if not tracking_uri.startswith("sqlite:"):
+        return f"open {tracking_uri} in a browser"
+    here = Path(sys.executable).parent / "mlflow"
+    return f"{here if here.exists() else 'mlflow'} ui --backend-store-uri {tracking_uri}"
 
 
 def summary_markdown(info: RunInfo, results: list[CellResult]) -> str:

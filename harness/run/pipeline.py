@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.engine.launch import LaunchSpec, default_python
+from harness.engine.launch import LaunchSpec
 from harness.gate.attribution import explain
 from harness.gate.sequential import EarlyStop
 from harness.gate.stats import preload as preload_statistics
@@ -92,7 +92,7 @@ class CellJobs:
 
     def __call__(self, cell: Cell, devices: tuple[str, ...]) -> CellJob:
         suite = self.inputs.loaded.suite
-        spec = LaunchSpec(engine=suite.engine, python=default_python(suite.python), cell=cell, seed=suite.seed,
+        spec = LaunchSpec(engine=suite.engine, python=suite.python, cell=cell, seed=suite.seed,
                           startup_timeout_s=cell.model.startup_timeout_s,
                           env=engine_env(self.inputs.loaded, self.inputs.data.source),
                           stop_grace_s=suite.stop_grace_s, devices=devices)

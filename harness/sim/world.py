@@ -146,8 +146,9 @@ class World(_Strict):
         correct = unit_hash(self.seed, model_path, question) < model.accuracy
         if unit_hash(self.seed, model_path, question, signature, "flip") < self.flip_rate:
             correct = unit_hash(self.seed, model_path, question, signature, "redraw") < model.accuracy
+        seen = {**resolved, **wrapping(model.kind, resolved)}
         for bug in self.bugs:
-            if not bug.matches(model_path, resolved) or (bug.trigger == "prefix_hit" and not prefix_hit):
+            if not bug.matches(model_path, seen) or (bug.trigger == "prefix_hit" and not prefix_hit):
                 continue
             if not self.bug_active(bug, commit):
                 continue
@@ -168,6 +169,24 @@ class World(_Strict):
 class Decision:
     kind: Literal["right", "wrong", "invalid", "garbage", "empty"]
     bug: str | None = None
+
+
+def wrapping(kind: str, resolved: dict[str, Any]) -> dict[str, str | None]:
+    """Which wrapper attention backend sglang runs, and the backend inside it, as bugs can match them
+    (`attention_wrapper`, `wrapped_backend`; never reported by /server_info):
+
+    - `hybrid_linear`: hybrid linear-attention models (Kimi-Linear) run their full-attention layers
+      through HybridLinearAttnBackend around the configured backend;
+    - `hybrid`: a prefill backend that differs from the decode backend runs HybridAttnBackend around
+      both (the decode backend is the one reported inside);
+    - `none`: a single backend, unwrapped.
+    """
+    prefill, decode = resolved.get("prefill_attention_backend"), resolved.get("decode_attention_backend")
+    if kind == "hybrid-linear":
+        return {"attention_wrapper": "hybrid_linear", "wrapped_backend": resolved.get("attention_backend")}
+    if prefill and decode and prefill != decode:
+        return {"attention_wrapper": "hybrid", "wrapped_backend": decode}
+    return {"attention_wrapper": "none", "wrapped_backend": None}
 
 
 def configuration_signature(resolved: dict[str, Any]) -> str:

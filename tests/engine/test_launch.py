@@ -23,7 +23,6 @@ AXIS_FLAGS = {
     ("chunked_prefill", "default"): [], ("chunked_prefill", "off"): ["--chunked-prefill-size", "-1"],
     ("wrapper", "none"): [],
     ("wrapper", "split-fa3-flashmla"): ["--prefill-attention-backend", "fa3", "--decode-attention-backend", "flashmla"],
-    ("wrapper", "two-batch-overlap"): ["--enable-two-batch-overlap"],
 }
 
 
@@ -44,8 +43,10 @@ def spec(cell, python="/opt/venv/bin/python") -> LaunchSpec:
 
 def test_nightly_has_wrapper_cells_and_plain_backends():
     ids = [c.cell_id for c in CELLS]
-    assert any("split-fa3-flashmla" in i for i in ids) and any("two-batch-overlap" in i for i in ids)
-    assert len(CELLS) == 76
+    assert any("split-fa3-flashmla" in i for i in ids)
+    # No two-batch-overlap cell at tp 1: sglang 0.5.23 refuses it without attention DP or an EP a2a backend.
+    assert not any("two-batch-overlap" in i for i in ids)
+    assert len(CELLS) == 72
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.cell_id)

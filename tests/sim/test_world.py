@@ -44,6 +44,20 @@ def test_incident_cells_are_corrupted_only_on_prefix_hits(gsm8k):
         assert all(w.decide(KIMI, q, resolved, False).bug is None for q in questions)
 
 
+def test_the_bug_lives_in_the_wrappers_not_in_a_single_mla_backend(gsm8k):
+    """sglang's fix forwarded the attribute through HybridLinearAttnBackend (Kimi-Linear) and
+    HybridAttnBackend (prefill != decode backend): an unwrapped DeepSeek cell stayed correct."""
+    w = world()
+    questions = [p.question for p in gsm8k.test[:400]]
+    for backend in ("fa3", "flashinfer", "flashmla"):
+        assert accuracy(w, questions, INCIDENT | {"attention_backend": backend}, DEEPSEEK) >= 0.85
+    split = INCIDENT | {"attention_backend": "triton", "prefill_attention_backend": "fa3",
+                        "decode_attention_backend": "flashmla"}
+    assert accuracy(w, questions, split, DEEPSEEK) <= 0.35  # HybridAttnBackend around an MLA decode backend
+    same = split | {"prefill_attention_backend": "flashmla"}  # one backend: no wrapper
+    assert accuracy(w, questions, same, DEEPSEEK) >= 0.85
+
+
 def test_triton_and_radix_off_stay_correct(gsm8k):
     w = world()
     questions = [p.question for p in gsm8k.test[:400]]

@@ -64,10 +64,10 @@ def engine_env(loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
 
 
 @ray.remote(num_cpus=0)
-def _accepted_backends(engine: str, python: str, env: dict[str, str]) -> tuple[str, ...]:
+def _accepted_backends(engine: str, python: str | None, env: dict[str, str]) -> tuple[str, ...]:
     from harness.engine.discover import accepted_attention_backends
 
-    return accepted_attention_backends(engine, python, env)
+    return accepted_attention_backends(engine, default_python(python), env)  # the worker's interpreter
 
 
 def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | None) -> Matrix | None:
@@ -77,7 +77,7 @@ def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | N
     if not any(axis in backend_axes() and "auto" in values for axis, values in spec.axes.items()):
         return None
     env = {**engine_env(loaded, data_source), **spec.models[0].env}
-    backends = ray.get(_accepted_backends.remote(spec.engine, default_python(spec.python), env))
+    backends = ray.get(_accepted_backends.remote(spec.engine, spec.python, env))
     return select(expand(spec, tuple(backends)), selection)
 
 
