@@ -59,7 +59,7 @@ def test_every_fault_gets_its_status_and_nothing_survives(ray_local, tmp_path):
         "stop_grace_s": 1,
         "gate": {"min_effect": 0.3, "max_infra_failure_rate": 0.1},
         "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5,
-                    "startup_timeout_s": machine_s(5)}],
+                    "startup_timeout_s": machine_s(5), "env": {"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}}],
         "axes": {"scenario": {name: ([] if name == "healthy" else ["--served-model-name", name]) for name in SCENARIOS}},
     }
     suite_path = tmp_path / "faults.yaml"

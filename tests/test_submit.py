@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.engine.server import free_port
 from harness.run.ray.jobs import Submission, entrypoint, runtime_env_for
@@ -25,7 +26,11 @@ def test_entrypoint_is_quoted_and_relative_to_the_working_dir():
                             run_args=["--select", "model=kimi-linear; rm -rf /"], runtime_env={"env_vars": {"A": "1"}},
                             working_dir=ROOT)
     assert entrypoint(submission) == ("python -m harness.cli run configs/demo.yaml --ray-address auto "
-                                      "--select 'model=kimi-linear; rm -rf /'")
+                                      "--select 'model=kimi-linear; rm -rf /' --results-dir /var/tmp/regress-results")
+    # Results go where the user says, never into the job's temporary working directory by default.
+    mine = Submission(address="http://h:8265", suite_path=Path("configs/demo.yaml"), runtime_env={},
+                      run_args=["--results-dir", "/data/results"], working_dir=ROOT)
+    assert entrypoint(mine).endswith("--ray-address auto --results-dir /data/results")
     env = runtime_env_for(submission)
     assert env["env_vars"] == {"A": "1"} and env["working_dir"] == str(ROOT) and ".venv" in env["excludes"]
 
@@ -44,10 +49,18 @@ def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
                             "--runtime-env-agent-port", runtime_env_agent, "--disable-usage-stats"],
                            env=env, capture_output=True, text=True, timeout=120)
     assert start.returncode == 0, start.stderr[-2000:]
+    # A suite with a runtime_env of its own: the job gets it, and the job's driver must not pass it
+    # to Ray again (Ray 2.60 refuses to merge the same fields twice).
+    work = tmp_path / "work"
+    work.mkdir()
+    suite = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    suite["sim_world"] = str(ROOT / "configs" / "sim" / "incident.yaml")
+    suite["cluster"]["runtime_env"] = {"env_vars": {"REGRESS_SUBMIT_MARKER": "1"}}
+    (work / "demo.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     try:
         result = subprocess.run(
-            [str(Path(sys.executable).parent / "regress"), "submit", "configs/demo.yaml", "--address",
-             f"http://127.0.0.1:{port}", "--python", sys.executable, "--select",
+            [str(Path(sys.executable).parent / "regress"), "submit", str(work / "demo.yaml"), "--working-dir",
+             str(work), "--address", f"http://127.0.0.1:{port}", "--python", sys.executable, "--select",
              "model=kimi-linear,attention_backend=fa3,unified_memory=on,radix_cache=on",
              "--num-questions", "30", "--no-tracking", "--results-dir", str(tmp_path / "results")],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

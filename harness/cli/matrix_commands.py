@@ -154,6 +154,9 @@ def submit(
     python: Annotated[str, typer.Option(help="Interpreter on the cluster that has this package's dependencies.")] = "python",
     working_dir: Annotated[Path, typer.Option(help="Uploaded as the job's working dir (must hold the suite).")] = Path("."),
     no_follow: Annotated[bool, typer.Option("--no-follow", help="Return once submitted; do not stream logs.")] = False,
+    cluster_results_dir: Annotated[str, typer.Option(
+        help="Where the job writes results/ on the cluster unless the run options name --results-dir "
+             "(not the job's working directory, which Ray deletes).")] = "/var/tmp/regress-results",
 ) -> None:
     """Run a suite as a Ray Job on a cluster, stream its logs and exit with its exit code.
 
@@ -167,5 +170,6 @@ def submit(
 
     loaded, _ = load_matrix(suite, None)
     submission = Submission(address=address, suite_path=suite.resolve(), run_args=list(ctx.args),
-                            runtime_env=loaded.suite.cluster.runtime_env, python=python, working_dir=working_dir)
+                            runtime_env=loaded.suite.cluster.runtime_env, python=python, working_dir=working_dir,
+                            results_dir=cluster_results_dir)
     raise typer.Exit(submit_job(submission, follow=not no_follow))

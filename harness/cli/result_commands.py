@@ -95,3 +95,25 @@ def sync(
     info, logged = sync_run(store, tracking_uri or default_tracking_uri(store.root))
     console.print(f"synced {info.run_id}: {logged} cell run(s) logged now; parent run {info.mlflow_run_id} "
                   f"in {info.tracking_uri}")
+
+
+@app.command()
+def assess(
+    run_id: Annotated[str, typer.Argument(help="Run id, results folder, latest:SUITE or previous:SUITE.")],
+    results_dir: ResultsDirOpt = Path("results"),
+    max_error_share: Annotated[float, typer.Option(
+        help="Above this share of `error` cells the run is broken (exit 4), not green.")] = 0.1,
+) -> None:
+    """The CI verdict of a finished run: prints one headline and exits 0 (green), 1 (regressions) or
+    4 (broken: too many cells, or a reference cell, could not be measured).
+
+    Example: `regress assess latest:nightly` (what jobs/run_and_report.sh ends with)
+    """
+    from harness.analysis.night import assess as assess_run
+    from harness.results.catalog import resolve_run
+
+    store = resolve_run(results_dir, run_id)
+    latest = {result.cell_id: result for result in store.cells()}  # a later line replaces an earlier one
+    verdict = assess_run(list(latest.values()), max_error_share)
+    print(verdict.headline)
+    raise typer.Exit(verdict.exit_code)

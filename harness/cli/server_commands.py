@@ -19,7 +19,10 @@ def eval_server(
     seed: Annotated[int, typer.Option(help="Question subset and order.")] = 0,
     max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 512,
     concurrency: Annotated[int, typer.Option(help="Requests in flight.")] = 256,
-    floor: Annotated[float, typer.Option(help="Accuracy floor: significantly below it is `fail`.")] = 0.0,
+    request_timeout_s: Annotated[float, typer.Option(
+        help="Seconds one request may take, time queued in the server included.")] = 600.0,
+    floor: Annotated[float, typer.Option(
+        help="Accuracy floor: significantly below it is `fail`. Without one nothing is tested: `inconclusive`.")] = 0.0,
     name: Annotated[str, typer.Option(help="Names the run and its single cell.")] = "eval",
     model: Annotated[str | None, typer.Option(help="Model name in OpenAI requests (default: /v1/models).")] = None,
     results_dir: ResultsDirOpt = Path("results"),
@@ -49,8 +52,10 @@ def eval_server(
     protocol_plan = build_plan(data, protocol, num_questions, seed, max_tokens)
     request = EvalRequest(base_url=base_url, name=name, floor=floor, results_dir=results_dir, model_name=model,
                           tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
-    raise typer.Exit(run_eval(request, data, protocol_plan, EvalSettings(concurrency=concurrency), GateSpec(),
-                              console))
+    if request_timeout_s <= 0:
+        raise ConfigError(f"--request-timeout-s: must be positive (got {request_timeout_s})")
+    settings = EvalSettings(concurrency=concurrency, request_timeout_s=request_timeout_s)
+    raise typer.Exit(run_eval(request, data, protocol_plan, settings, GateSpec(), console))
 
 
 @app.command()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,10 +38,32 @@ def free_port(host: str = LOOPBACK) -> int:
         return probe.getsockname()[1]
 
 
-def _child_setup() -> None:  # runs in the child between fork and exec
-    os.setpgid(0, 0)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# The server inherits a parent-death signal from this one-line launcher, which sets it in its own
+# (single-threaded) process and then becomes the server (execv keeps it). Setting it in a
+# `preexec_fn` instead would run ctypes between fork and exec inside a threaded Ray worker, which
+# Python documents as unsafe. The launcher runs under the server's own interpreter.
+_DEATH_SIGNAL_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    f"    ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def _with_death_signal(argv: list[str]) -> list[str]:
+    return [argv[0], "-c", _DEATH_SIGNAL_LAUNCHER, *argv]
+
+
+def health_probe_timeout_s(env: dict[str, str]) -> float:
+    """How long a hang probe waits for /health_generate: sglang's own health check may take
+    SGLANG_HEALTH_CHECK_TIMEOUT (20 s by default) before it answers, plus a margin."""
+    try:
+        configured = float(env.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+    except ValueError:
+        configured = 20.0
+    return configured + 5.0
 
 
 async def read_server_info(base_url: str) -> dict[str, Any] | None:
@@ -113,8 +135,11 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
-            self.process = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, preexec_fn=_child_setup)
+            # Its own process group (stopping it reaches its tp workers), never its own session
+            # (which would escape Ray's cleanup). process_group is Python 3.11's fork-safe setpgid.
+            group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+            self.process = subprocess.Popen(_with_death_signal(self.argv), stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env, **group)
 
     async def start(self) -> None:
         started = time.monotonic()
@@ -195,9 +220,11 @@ class ServerProcess:
                                       log_tail=tail(self.log_path))
                 if progress is not None and stall_timeout_s is not None:
                     quiet_s = time.monotonic() - progress()
-                    if quiet_s > stall_timeout_s and not await self._answers_health(timeout_s=10):
-                        raise ServerError(kind=ErrorKind.HUNG, message=f"server hung: no answer for {quiet_s:.0f} s and /health_generate "
-                                          "does not answer within 10 s", log_tail=tail(self.log_path))
+                    probe_s = health_probe_timeout_s({**os.environ, **self.spec.environment()})
+                    if quiet_s > stall_timeout_s and not await self._answers_health(timeout_s=probe_s):
+                        raise ServerError(kind=ErrorKind.HUNG, log_tail=tail(self.log_path),
+                                          message=f"server hung: no answer for {quiet_s:.0f} s and /health_generate "
+                                                  f"does not answer within {probe_s:.0f} s")
         finally:
             if not task.done():
                 task.cancel()

@@ -15,7 +15,9 @@ from decimal import Decimal, InvalidOperation
 
 # A number that is not glued to a word before it (no `COVID19`, `x2`), optionally signed or in
 # dollars, with optional thousands separators and decimals. A trailing period is punctuation.
-_NUMBER = r"(?<![A-Za-z0-9_.])(-?)\$?(-?)((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"
+# Any run of digits may carry `,ddd` groups: `1945,400` is one number (1945400) for both rules, not
+# 1945 for one and 400 for the other.
+_NUMBER = r"(?<![A-Za-z0-9_.])(-?)\$?(-?)(\d+(?:,\d{3})*(?:\.\d+)?)"
 _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(r"(?:####|[Tt]he (?:final )?answer is:?)\s*\**\s*" + _NUMBER)
 _SGLANG_INTEGER_RE = re.compile(r"\d+")

@@ -176,3 +176,32 @@ def test_a_port_answered_by_another_server_is_not_taken_for_ours(tmp_path, monke
     finally:
         other.shutdown()
     assert port != taken and info["attention_backend"] == "triton"
+
+
+def test_the_hang_probe_waits_as_long_as_sglangs_own_health_check_may_take():
+    from harness.engine.server import health_probe_timeout_s
+
+    assert health_probe_timeout_s({}) == 25.0  # SGLANG_HEALTH_CHECK_TIMEOUT defaults to 20 s
+    assert health_probe_timeout_s({"SGLANG_HEALTH_CHECK_TIMEOUT": "60"}) == 65.0
+
+
+def test_the_server_is_started_without_a_preexec_hook_and_in_its_own_process_group(tmp_path):
+    """Python documents preexec_fn as unsafe in threaded programs (a Ray worker is one)."""
+    from unittest import mock
+
+    started = {}
+    real_popen = subprocess.Popen
+
+    def spy(argv, **kwargs):
+        started.update(kwargs, argv=argv)
+        return real_popen(argv, **kwargs)
+
+    with mock.patch("harness.engine.server.subprocess.Popen", spy):
+        server = ServerProcess(sim_spec(CELL), tmp_path / "s.log")
+        asyncio.run(server.start())
+        try:
+            assert os.getpgid(server.process.pid) == server.process.pid  # a group of its own
+        finally:
+            server.stop()
+    assert "preexec_fn" not in started and started["process_group"] == 0
+    assert started["argv"][1] == "-c" and started["argv"][3:] == server.argv  # the launcher, then the server

@@ -70,3 +70,12 @@ def test_gold_answer_reads_the_final_line():
                                                ("none", None)])
 def test_sglang_rule_loses_signs_and_decimals_on_purpose(output, value):
     assert extract_sglang_integer(output) == value
+
+
+@pytest.mark.parametrize("output", ["#### 1945,400", "The answer is 1945,400.", "so 1945,400"])
+def test_a_long_number_with_a_thousands_group_reads_the_same_under_both_rules(output):
+    """Seen against a real server: `1945,400` read 1945 (strict) and 400 (flexible)."""
+    assert extract_flexible(output) == "1945400"
+    assert extract_strict(output) in (None, "1945400")
+    if "####" in output or "answer is" in output:
+        assert extract_strict(output) == "1945400"

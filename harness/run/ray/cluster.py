@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,9 @@ def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
     address = address or spec.address
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                               "logging_level": logging.WARNING, "configure_logging": True}
-    if spec.runtime_env:
+    # A Ray Job's driver already runs in the job's runtime env (`regress submit` gives it the suite's);
+    # passing the same fields again makes Ray 2.60 refuse to merge them.
+    if spec.runtime_env and "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
         kwargs["runtime_env"] = spec.runtime_env
     already = ray.is_initialized()
     if not already:

@@ -26,6 +26,9 @@ class Submission:
     runtime_env: dict[str, Any]
     python: str = "python"
     working_dir: Path = Path(".")
+    # Where the job writes results/ on the cluster. The job's working directory is a temporary copy
+    # that Ray deletes, so results written there (the run's relative default) would be lost.
+    results_dir: str = "/var/tmp/regress-results"
 
 
 def entrypoint(submission: Submission) -> str:
@@ -39,6 +42,8 @@ def entrypoint(submission: Submission) -> str:
                               f"({submission.working_dir}), which is what the job uploads") from None
     argv = [submission.python, "-m", "harness.cli", "run", str(suite), "--ray-address", "auto",
             *submission.run_args]
+    if not any(arg == "--results-dir" or arg.startswith("--results-dir=") for arg in submission.run_args):
+        argv += ["--results-dir", submission.results_dir]
     return shlex.join(argv)
 
 

@@ -1,0 +1,65 @@
+"""The CI job script's verdict: a broken night is not green, a regression is red, and the report
+says which in its first line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.analysis.night import assess
+from harness.results.records import CellResult, Status
+from tests.helpers import INCIDENT_WORLD, ROOT
+
+
+def result(cell_id: str, status: Status, reference: str | None = "ref") -> CellResult:
+    return CellResult(cell_id=cell_id, model="m", factors={}, args=[], resolved={}, status=status,
+                      reason=f"{status.value} because", reference_cell=reference)
+
+
+def test_errors_on_a_reference_or_above_the_share_make_a_broken_run():
+    ok = [result("ref", Status.PASS, None), *(result(f"c{i}", Status.PASS) for i in range(19))]
+    assert assess(ok).exit_code == 0 and assess(ok).headline.startswith("GREEN: 20 of 20 cells pass")
+    one_error = [*ok[:-1], result("c19", Status.ERROR)]
+    assert assess(one_error).exit_code == 0 and "1 could not be measured" in assess(one_error).headline
+    reference_down = [result("ref", Status.ERROR, None), *ok[1:]]
+    assert assess(reference_down).exit_code == 4 and "reference cell(s) ref" in assess(reference_down).headline
+    all_down = [result(f"c{i}", Status.ERROR) for i in range(5)]
+    assert assess(all_down).exit_code == 4 and assess(all_down).headline.startswith("BROKEN RUN: 5 of 5")
+    red = [*ok[:-1], result("c19", Status.FAIL), result("c20", Status.INCONCLUSIVE)]
+    verdict = assess(red)
+    assert verdict.exit_code == 1 and "c19" in verdict.headline and "1 inconclusive" in verdict.headline
+
+
+def test_inconclusive_cells_are_named_in_a_green_headline():
+    verdict = assess([result("ref", Status.PASS, None), result("c1", Status.INCONCLUSIVE)])
+    assert verdict.exit_code == 0 and "1 inconclusive (not decided at this question count): c1" in verdict.headline
+
+
+def job(tmp_path: Path, fault_when: dict) -> subprocess.CompletedProcess:
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["faults"] = [{"name": "down", "when": fault_when, "startup_exit_code": 1}]
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    suite = {"suite": "night", "engine": "sim", "sim_world": str(tmp_path / "world.yaml"), "num_questions": 20,
+             "stop_grace_s": 1, "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
+             "axes": {"attention_backend": ["triton", "fa3"]}}
+    (tmp_path / "night.yaml").write_text(yaml.safe_dump(suite))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "RESULTS_DIR": str(tmp_path / "results")}
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    return subprocess.run(["bash", "jobs/run_and_report.sh", str(tmp_path / "night.yaml"), "nightly", "--no-tracking"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("down", [{}, {"attention_backend": "triton"}], ids=["every-cell", "the-reference"])
+def test_a_night_whose_cells_cannot_be_measured_fails_the_job(tmp_path, down):
+    completed = job(tmp_path, down)
+    assert completed.returncode == 4, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert "BROKEN RUN" in completed.stdout and "running them once more" in completed.stderr
+    (run_dir,) = (tmp_path / "results").glob("night-*")
+    assert (run_dir / "report.md").read_text().startswith("**BROKEN RUN:")
