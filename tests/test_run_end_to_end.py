@@ -52,7 +52,8 @@ def invoke(*args: str):
 
 def test_small_simulated_run_in_process(ray_local, tmp_path):
     result = invoke("run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--num-questions", "40",
-                    "--select", "model=kimi-linear,unified_memory=on,radix_cache=on,attention_backend=fa3|triton")
+                    "--select", "model=kimi-linear,unified_memory=on,radix_cache=on,attention_backend=fa3|triton",
+                    "--tag", "pr=1234")
     assert result.exit_code == 1, result.output
     run_dir = only_run(tmp_path)
     cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
@@ -65,6 +66,18 @@ def test_small_simulated_run_in_process(ray_local, tmp_path):
     assert "failures share" in result.output and str(run_dir) in result.output
     runs = mlflow_runs(tmp_path, "demo")
     assert len(runs) == 4 and len(children_of(runs)) == 3
+    # What people see in MLflow's UI: a parent that completed (its verdict is a tag, not FAILED), the
+    # sglang version, the PR, GSM8K as the dataset input, and each cell as long as it held its GPUs.
+    (parent,) = [r for r in runs if r not in children_of(runs)]
+    assert parent.info.status == "FINISHED" and parent.data.tags["verdict"] == "regressions"
+    assert parent.data.tags["sglang_version"] == "0.5.6-sim" and parent.data.tags["pr"] == "1234"
+    assert [d.dataset.name for d in parent.inputs.dataset_inputs] == ["gsm8k"]
+    for child in children_of(runs):
+        cell = cells[child.data.tags["cell_id"]]
+        assert child.info.status == "FINISHED"
+        assert abs(child.info.start_time / 1000 - cell.timings.started_at) < 1
+        assert abs(child.info.end_time / 1000 - cell.timings.ended_at) < 1
+    assert json.loads((run_dir / "run.json").read_text())["tags"] == {"pr": "1234"}
 
 
 def test_sglang_engine_through_a_fake_sglang_package(ray_local, tmp_path):

@@ -87,6 +87,8 @@ def run(
                                                  "--resume runs the rest.")] = False,
     trigger: Annotated[str, typer.Option(help="Recorded as the run's trigger: manual, nightly, pr.")] = "manual",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or table; exit code only.")] = False,
+    tag: Annotated[list[str] | None, typer.Option(
+        help="KEY=VALUE recorded in run.json and on the MLflow run (repeatable), e.g. pr=1234.")] = None,
 ) -> None:
     """Run every cell of a suite on Ray, gate it, and write results/ and MLflow.
 
@@ -99,7 +101,7 @@ def run(
 
     inputs = _run_inputs(suite, selection, cells_file, num_questions, gsm8k_path)
     options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
-                         retry_errors=retry_errors, fail_fast=fail_fast,
+                         retry_errors=retry_errors, fail_fast=fail_fast, tags=parse_tags(tag or []),
                          tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
     if resume:
         ResultsStore.existing(results_dir, resume)
@@ -110,6 +112,17 @@ def run(
         check_fits(matrix)
         report = run_suite(replace(inputs, matrix=matrix), options, console)
     raise typer.Exit(report.exit_code)
+
+
+def parse_tags(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    """`--tag pr=1234` -> (("pr", "1234"),); ConfigError for a pair without `=`."""
+    tags = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--tag {pair!r}: expected KEY=VALUE, e.g. --tag pr=1234")
+        tags.append((key.strip(), value))
+    return tuple(tags)
 
 
 @app.command("select")

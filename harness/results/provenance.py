@@ -52,13 +52,13 @@ def now_iso() -> str:
 
 
 def new_run_info(*, run_id: str, suite: str, config_path: str, config_sha256: str, trigger: str, engine: str,
-                 plan: ProtocolPlan, extraction: str) -> RunInfo:
+                 plan: ProtocolPlan, extraction: str, tags: dict[str, str] | None = None) -> RunInfo:
     commit, dirty = harness_checkout()
     return RunInfo(schema_version=SCHEMA_VERSION, run_id=run_id, suite=suite, config_path=config_path,
                    config_sha256=config_sha256, trigger=trigger, engine=engine, git_commit=commit, git_dirty=dirty,
                    harness_version=__version__, package_versions=package_versions(), protocol=str(plan.name),
                    protocol_fingerprint=plan.fingerprint, dataset_sha256=plan.dataset_sha256,
-                   extraction=extraction, started_at=now_iso())
+                   extraction=extraction, started_at=now_iso(), tags=tags or {})
 
 
 def closed_run_info(info: RunInfo, results: list[CellResult], exit_code: int, **updates: object) -> RunInfo:

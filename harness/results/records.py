@@ -212,6 +212,7 @@ class RunInfo(Record):
     tracking_error: str | None = None
     attribution: str | None = None
     interrupted: bool = False
+    tags: dict[str, str] = {}  # `regress run --tag KEY=VALUE`: a PR number, an sglang ref; MLflow tags too
 
 
 def status_counts(results: list[CellResult]) -> dict[str, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ def default_tracking_uri(results_dir: Path) -> str:
 def _flat(prefix: str, values: dict[str, Any]) -> dict[str, str]:
     return {f"{prefix}{key}": json.dumps(value) if isinstance(value, (dict, list)) else str(value)
             for key, value in values.items()}
+
+
+def _epoch_ms(iso: str | None) -> int | None:
+    return int(datetime.fromisoformat(iso).timestamp() * 1000) if iso else None
+
+
+def run_verdict(exit_code: int | None) -> str:
+    """The parent run's `verdict` tag, from the run's exit code."""
+    return {0: "pass", 1: "regressions", 3: "undecided", 130: "interrupted"}.get(exit_code, "unknown")
 
 
 class Tracker:
@@ -100,15 +110,25 @@ class Tracker:
             self._children = self._call("looking up cell runs", self._existing_children) or {}
             return self.parent_run_id
         run = self._call("creating the parent run", lambda: self._client.create_run(
-            self._experiment_id, run_name=info.run_id, tags={
-                "trigger": info.trigger, "suite": info.suite, "suite_sha256": info.config_sha256,
+            self._experiment_id, run_name=info.run_id, start_time=_epoch_ms(info.started_at), tags={
+                **info.tags, "trigger": info.trigger, "suite": info.suite, "suite_sha256": info.config_sha256,
                 "results_run_id": info.run_id, "engine": info.engine, "git_commit": info.git_commit or "",
-                "sglang_version": info.sglang_version or ""}))
+                "git_dirty": str(info.git_dirty), "protocol": info.protocol, "verdict": "running"}))
         if run is None:
             return None
         self.parent_run_id = run.info.run_id
         self._batch(self.parent_run_id, params=params)
+        self._log_dataset(info)
         return self.parent_run_id
+
+    def _log_dataset(self, info: RunInfo) -> None:
+        """GSM8K as the run's MLflow dataset input (name, digest, source), not only a param."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(name="gsm8k", digest=(info.dataset_sha256 or "unknown")[:36], source_type="local",
+                          source=json.dumps({"dataset_sha256": info.dataset_sha256, "protocol": info.protocol}))
+        self._call("logging the dataset input", self._client.log_inputs, self.parent_run_id,
+                   datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "evaluation")])])
 
     def _batch(self, run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
                tags: dict[str, str] | None = None) -> None:
@@ -131,8 +151,10 @@ class Tracker:
             return None
         if result.cell_id in self._children:
             return self._children[result.cell_id]
+        started_ms = int(result.timings.started_at * 1000) if result.timings.started_at else None
         run = self._call("creating a cell run", lambda: self._client.create_run(
-            self._experiment_id, run_name=result.cell_id, tags={"mlflow.parentRunId": self.parent_run_id}))
+            self._experiment_id, run_name=result.cell_id, start_time=started_ms,
+            tags={"mlflow.parentRunId": self.parent_run_id}))
         if run is None:
             return None
         run_id = run.info.run_id
@@ -158,8 +180,10 @@ class Tracker:
             self._call("logging server info", self._client.log_dict, run_id, server_info, "server_info.json")
         if log_text:
             self._call("logging the server log", self._client.log_text, run_id, log_text, "server.log")
-        status = "FAILED" if result.status.is_regression else "FINISHED"
-        self._call("closing a cell run", self._client.set_terminated, run_id, status)
+        # FINISHED: the cell was measured to the end (its verdict is the `status` tag). The run's
+        # duration is the time the cell held its GPUs, not the time logging took.
+        ended_ms = int(result.timings.ended_at * 1000) if result.timings.ended_at else None
+        self._call("closing a cell run", self._client.set_terminated, run_id, "FINISHED", ended_ms)
         if self.error is not None:
             return None
         self._children[result.cell_id] = run_id
@@ -170,8 +194,11 @@ class Tracker:
             return
         metrics = {f"cells_{status}": count for status, count in info.counts.items()}
         self._batch(self.parent_run_id, metrics=metrics | {"exit_code": info.exit_code or 0},
-                    tags={"attribution": info.attribution or "", "exit_code": str(info.exit_code)})
+                    tags={"attribution": info.attribution or "", "exit_code": str(info.exit_code),
+                          "verdict": run_verdict(info.exit_code), "sglang_version": info.sglang_version or ""})
         for name, text in artifacts.items():
             self._call(f"logging {name}", self._client.log_text, self.parent_run_id, text, name)
+        # A run that completed and found regressions did its job: FINISHED, with the `verdict` tag;
+        # KILLED only when it was interrupted.
         self._call("closing the parent run", self._client.set_terminated, self.parent_run_id,
-                   "FAILED" if info.exit_code == 1 else "FINISHED")
+                   "KILLED" if info.interrupted else "FINISHED", _epoch_ms(info.ended_at))

@@ -52,6 +52,7 @@ class RunOptions:
     retry_errors: bool = False
     fail_fast: bool = False
     quiet: bool = False
+    tags: tuple[tuple[str, str], ...] = ()  # recorded in run.json and on the MLflow parent run
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def _open(inputs: RunInputs, options: RunOptions) -> tuple[ResultsStore, RunInfo
     run_id = new_run_id(suite.suite)
     info = new_run_info(run_id=run_id, suite=suite.suite, config_path=str(inputs.loaded.path),
                         config_sha256=inputs.loaded.sha256, trigger=options.trigger, engine=suite.engine,
-                        plan=inputs.plan, extraction=suite.gate.extraction)
+                        plan=inputs.plan, extraction=suite.gate.extraction, tags=dict(options.tags))
     return ResultsStore(options.results_dir, run_id), info, []
 
 
