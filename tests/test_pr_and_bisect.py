@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -69,6 +70,56 @@ def test_pr_workflow_never_checks_out_pr_code():
     for step in steps:
         assert "head.sha" not in str(step.get("with", {})) and "head.ref" not in str(step.get("with", {}))
     assert "run-accuracy-matrix" in workflow["jobs"]["matrix"]["if"]
+
+
+def github_if(expression: str, event: dict) -> bool:
+    """The subset of GitHub's expression syntax the PR workflow uses: `==`, `&&`, `contains()`,
+    and `github.event...` paths (with `.*.` over lists)."""
+    def lookup(path: str):
+        value: object = {"github": {"event": event}}
+        parts = path.split(".")
+        for index, part in enumerate(parts):
+            if part == "*":
+                return [item[parts[index + 1]] for item in value]  # type: ignore[union-attr]
+            value = value[part]  # type: ignore[index]
+        return value
+
+    python = re.sub(r"github(?:\.[\w*]+)+", lambda m: f"lookup({m.group(0)!r})", expression)
+    python = python.replace("&&", " and ").replace("||", " or ").replace("'", '"')
+    return bool(eval(python, {"lookup": lookup, "contains": lambda items, item: item in items}))
+
+
+LABEL = "run-accuracy-matrix"
+
+
+@pytest.mark.parametrize(("action", "labels", "added", "runs", "unlabels"), [
+    ("labeled", [LABEL], LABEL, True, False),  # a maintainer's approval runs the PR's current code
+    ("labeled", [LABEL, "bug"], "bug", False, False),  # another label is no approval
+    ("synchronize", [LABEL], None, False, True),  # new commits after approval: label removed, nothing runs
+    ("synchronize", [], None, False, False),
+])
+def test_pr_workflow_runs_only_on_a_maintainers_label_and_never_on_a_push(action, labels, added, runs, unlabels):
+    workflow = yaml.safe_load((ROOT / "jobs" / "github" / "pr.yml").read_text())
+    event = {"action": action, "pull_request": {"number": 7, "labels": [{"name": n} for n in labels]}}
+    if added:
+        event["label"] = {"name": added}
+    assert github_if(workflow["jobs"]["matrix"]["if"], event) is runs
+    assert github_if(workflow["jobs"]["unlabel"]["if"], event) is unlabels
+    assert "--remove-label run-accuracy-matrix" in str(workflow["jobs"]["unlabel"]["steps"])
+
+
+def test_pr_build_installs_the_pull_ref_which_exists_for_forks_too():
+    workflow = yaml.safe_load((ROOT / "jobs" / "github" / "pr.yml").read_text())
+    run = next(s["run"] for s in workflow["jobs"]["matrix"]["steps"] if "build_suite.py" in s.get("run", ""))
+    assert "@refs/pull/$PR_NUMBER/head#subdirectory=python" in run and "PR_SHA@" not in run
+
+
+def test_build_suite_points_the_workers_at_one_build(tmp_path):
+    out = tmp_path / "build.yaml"
+    subprocess.run([sys.executable, "jobs/build_suite.py", "configs/nightly.yaml", str(out), "sglang @ git+x@v1"],
+                   cwd=ROOT, check=True, capture_output=True, timeout=60)
+    suite = yaml.safe_load(out.read_text())
+    assert suite["suite"] == "nightly" and suite["cluster"]["runtime_env"]["pip"] == ["sglang @ git+x@v1"]
 
 
 def outcome(accuracy: float) -> CellOutcome:
