@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.analysis.dashboard import build_html, load_input
+from harness.results.archive import archives
 from harness.results.records import CellResult, QuestionRecord, RunInfo, Status
 from harness.results.store import ResultsStore
 
@@ -47,7 +48,7 @@ def results(tmp_path: Path) -> Path:
 
 
 def test_page_has_heatmap_diff_history_attribution_and_links(results):
-    page = build_html(load_input(results, "demo", mlflow_ui="http://mlflow:5000"))
+    page = build_html(load_input(archives(results, None), "demo", mlflow_ui="http://mlflow:5000"))
     assert 'id="heatmap-plot"' in page and 'id="history-plot"' in page
     assert '<tr class="newly-failing"><td>newly failing</td>' in page and "m.ab-fa3.um-on" in page
     assert "attention_backend=fa3 &amp; unified_memory=on" in page
@@ -60,7 +61,7 @@ def test_chromium_renders_the_dashboard_without_console_errors(results, tmp_path
     chromium = shutil.which("chromium")
     assert chromium, "chromium is missing: `make test` installs it (apt-get install chromium)"
     page = tmp_path / "dashboard.html"
-    page.write_text(build_html(load_input(results, "demo")))
+    page.write_text(build_html(load_input(archives(results, None), "demo")))
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--enable-logging=stderr",

@@ -4,6 +4,7 @@ is synced afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -106,5 +107,43 @@ def test_runs_on_a_tracking_server_then_it_goes_down_and_sync_completes(ray_loca
         runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.results_run_id = '{run_dir.name}'")
         assert len(runs) == 1
         assert len(children_of(client.search_runs([experiment.experiment_id], max_results=1000))) == 8 + 8
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.slow
+def test_two_nights_on_clean_runners_share_their_history_through_the_tracking_server(ray_local, tmp_path):
+    """CI runners start with an empty results/ every night: the second night pairs every cell with
+    the first through MLflow alone, and compare and the dashboard read both nights from it."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(tmp_path, port)
+    select = ["--select", "model=deepseek-v2-lite,radix_cache=on", "--num-questions", "40", "--quiet"]
+    try:
+        nights = []
+        for runner in ("runner-1", "runner-2"):
+            result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path / runner),
+                                              "--tracking-uri", uri, "--trigger", "nightly", *select],
+                                        catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+            (run_dir,) = (tmp_path / runner).glob("demo-*")
+            nights.append([json.loads(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()])
+        first_run = next((tmp_path / "runner-1").glob("demo-*")).name
+        assert len(nights[1]) == 8
+        for cell in nights[1]:
+            assert cell["history_p"] is not None and cell["history_run_id"] == first_run, cell["cell_id"]
+        empty = tmp_path / "runner-3"
+        compared = CliRunner().invoke(app, ["compare", "previous:demo", "latest:demo", "--results-dir", str(empty),
+                                            "--tracking-uri", uri, "--markdown", str(tmp_path / "diff.md")])
+        assert compared.exit_code == 0, compared.output
+        diff = (tmp_path / "diff.md").read_text()
+        assert "8 still passing" in diff and first_run in diff
+        page = tmp_path / "demo.html"
+        built = CliRunner().invoke(app, ["dashboard", "configs/demo.yaml", "--results-dir", str(empty),
+                                         "--tracking-uri", uri, "--output", str(page)])
+        assert built.exit_code == 0, built.output
+        html = page.read_text()
+        assert first_run in html and next((tmp_path / "runner-2").glob("demo-*")).name in html
+        assert 'id="history-plot"' in html and "deepseek-v2-lite.ab-fa3.um-on.rc-on" in html
     finally:
         stop_server(server)

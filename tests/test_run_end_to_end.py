@@ -208,6 +208,7 @@ def test_fail_fast_stops_at_the_first_regression(ray_local, tmp_path):
 
 
 def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(tmp_path):
+    from harness.results.archive import FolderArchive
     from harness.results.records import Status, Timings
     from harness.run.history import History
     from harness.run.pipeline import failed_first
@@ -227,7 +228,7 @@ def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(
     for cell_id, status, seconds in ((failed, Status.FAIL, 5), (slow, Status.PASS, 500)):
         store.append_cell(CellResult(cell_id=cell_id, model="kimi-linear", factors={}, args=[], resolved={},
                                      status=status, reason="", timings=Timings(total_s=seconds)))
-    history = History.of(tmp_path, "demo", "fp", "this-run")
+    history = History.of(FolderArchive(tmp_path), "demo", "fp", "this-run")
     durations = Durations(history.latest())
     kimi, deepseek = "kimi-linear.ab-triton.um-off.rc-on", "deepseek-v2-lite.ab-triton.um-off.rc-on"
     order = [c.cell_id for c in priority_order(cells, durations, failed_first(cells, history, True))]

@@ -16,7 +16,7 @@ from enum import Enum
 from harness.errors import ConfigError
 from harness.gate.stats import paired_comparison
 from harness.gate.verdict import correctness
-from harness.results.catalog import LoadedRun
+from harness.results.archive import LoadedRun
 from harness.results.records import CellResult, Status
 
 
@@ -84,8 +84,8 @@ def compare_runs(before: LoadedRun, after: LoadedRun, allow_different_protocol: 
         old, new = before.cells.get(cell_id), after.cells.get(cell_id)
         shared, difference, p_value = 0, None, None
         if old is not None and new is not None:
-            paired = paired_comparison(correctness(after.store.read_questions(cell_id), extraction),
-                                       correctness(before.store.read_questions(cell_id), extraction))
+            paired = paired_comparison(correctness(after.questions(cell_id), extraction),
+                                       correctness(before.questions(cell_id), extraction))
             if paired is not None:
                 shared, difference = paired.n, paired.accuracy - paired.reference_accuracy
                 p_value = paired.p_change

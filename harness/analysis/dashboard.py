@@ -3,8 +3,9 @@ morning: what is red (the latest matrix as a heatmap), since when (each cell's a
 runs), what changed (latest versus previous, paired on shared questions), and what the red cells
 share (the failure attribution), with links into the MLflow UI.
 
-It reads `results/` (always there, also when the tracking store is not reachable); runs carry their
-MLflow ids, so every cell links to its run in the UI.
+It reads runs through an archive (`harness.results.archive`): the local results folder and, on CI
+runners that start clean, the MLflow tracking store. Runs carry their MLflow ids, so every cell
+links to its run in the UI.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from pathlib import Path
 
 from harness.analysis.compare import compare_runs
 from harness.errors import ConfigError
-from harness.results.catalog import LoadedRun, load_run, runs_of
+from harness.results.archive import Archives, LoadedRun, find_run
 from harness.results.records import CellResult, Status
-from harness.results.store import ResultsStore
 
 STATUS_CODE = {Status.PASS: 0, Status.INCONCLUSIVE: 1, Status.ERROR: 2, Status.MISMATCH: 3, Status.FAIL: 4,
                Status.SKIPPED: -1}
@@ -33,11 +33,12 @@ class DashboardInput:
     mlflow_ui: str | None = None
 
 
-def load_input(results_dir: Path, suite: str, history: int = 14, mlflow_ui: str | None = None) -> DashboardInput:
-    infos = runs_of(results_dir, suite)[-history:]
+def load_input(archive: Archives, suite: str, history: int = 14, mlflow_ui: str | None = None) -> DashboardInput:
+    infos = archive.runs(suite)[-history:]
     if not infos:
-        raise ConfigError(f"no finished run of suite {suite!r} in {results_dir}; run `regress run` first")
-    return DashboardInput(suite, [load_run(ResultsStore(results_dir, i.run_id)) for i in infos], mlflow_ui)
+        raise ConfigError(f"no finished run of suite {suite!r} in the results folder or the tracking store; "
+                          "run `regress run` first, or pass --tracking-uri")
+    return DashboardInput(suite, [find_run(archive, info.run_id) for info in infos], mlflow_ui)
 
 
 def _run_link(data: DashboardInput, run: LoadedRun, run_id: str | None, label: str) -> str:
@@ -88,14 +89,32 @@ def history_figure(data: DashboardInput):
         for run in data.runs:
             cell = run.cells.get(cell_id)
             if cell is not None and cell.accuracy is not None:
-                xs.append(run.info.started_at)
+                xs.append(run.info.started_at.replace("T", " ")[:16])
                 ys.append(cell.accuracy)
         failing = latest.cells[cell_id].status.is_regression
         figure.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=cell_id,
                                     line={"width": 3 if failing else 1}, opacity=1.0 if failing else 0.5))
+    # One tick per run (a time axis would tick in fractions of a millisecond for a single run).
     figure.update_layout(title=f"accuracy of each cell over the last {len(data.runs)} runs (bold: failing now)",
-                         height=420, yaxis={"range": [0, 1], "title": "accuracy"}, margin={"t": 60})
+                         height=420, yaxis={"range": [0, 1], "title": "accuracy"}, margin={"t": 60},
+                         xaxis={"type": "category", "title": "run started (UTC)"})
     return figure
+
+
+def reasons_table(data: DashboardInput) -> str:
+    """Every cell of the latest run that did not pass, with its whole reason and its MLflow run."""
+    latest = data.runs[-1]
+    rows = []
+    for cell in sorted(latest.cells.values(), key=lambda c: (c.status is Status.INCONCLUSIVE, c.cell_id)):
+        if cell.status in (Status.PASS, Status.SKIPPED):
+            continue
+        link = _run_link(data, latest, cell.mlflow_run_id, cell.cell_id)
+        rows.append(f'<tr class="{cell.status.value}"><td>{cell.status.value}</td><td>{link}</td>'
+                    f"<td>{html.escape(cell.reason)}</td></tr>")
+    if not rows:
+        return "<p>Every cell passed.</p>"
+    return ('<table id="reasons"><thead><tr><th>verdict</th><th>cell</th><th>why</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table>")
 
 
 def diff_table(data: DashboardInput) -> str:
@@ -116,7 +135,9 @@ def diff_table(data: DashboardInput) -> str:
         link = _run_link(data, after, change.after.mlflow_run_id if change.after else None, change.cell_id)
         rows.append(f'<tr class="{change.change.css_class}"><td>{change.change}</td><td>{link}</td>'
                     f"<td>{acc(change.before)}</td><td>{acc(change.after)}</td><td>{diff}</td><td>{p_value}</td></tr>")
-    return ('<table id="diff"><thead><tr><th>change</th><th>cell</th><th>before</th><th>after</th>'
+    runs = (f"<p>{_run_link(data, before, before.info.mlflow_run_id, before.info.run_id)} → "
+            f"{_run_link(data, after, after.info.mlflow_run_id, after.info.run_id)}</p>")
+    return (runs + '<table id="diff"><thead><tr><th>change</th><th>cell</th><th>before</th><th>after</th>'
             "<th>difference (shared questions)</th><th>McNemar p</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
 
@@ -128,7 +149,8 @@ body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
 h1 {{ margin-bottom: 4px; }} .meta {{ color: #666; margin-bottom: 16px; }}
 .attribution {{ background: #fff4f4; border-left: 4px solid #d62728; padding: 8px 12px; margin: 12px 0; }}
 table {{ border-collapse: collapse; font-size: 13px; }} td, th {{ border-bottom: 1px solid #ddd; padding: 4px 8px; }}
-tr.newly-failing td {{ background: #fde0e0; }} tr.fixed td {{ background: #e0f5e0; }}
+tr.newly-failing td, tr.fail td, tr.mismatch td {{ background: #fde0e0; }} tr.fixed td {{ background: #e0f5e0; }}
+#reasons td:last-child {{ white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 12px; }}
 .legend span {{ display: inline-block; padding: 2px 8px; margin-right: 6px; color: white; border-radius: 3px; }}
 </style></head><body>
 <h1>{title}</h1>
@@ -138,8 +160,9 @@ tr.newly-failing td {{ background: #fde0e0; }} tr.fixed td {{ background: #e0f5e
 <span style="background:#17becf">inconclusive</span><span style="background:#999">skipped</span></div>
 {attribution}
 <h2>What is red</h2><div id="heatmap">{heatmap}</div>
+<h3>Why</h3>{reasons}
 <h2>What changed since the previous run</h2>{diff}
-<h2>Since when</h2><div id="history">{history}</div>
+<h2>Since when</h2>{history}
 </body></html>
 """
 
@@ -155,15 +178,17 @@ def build_html(data: DashboardInput) -> str:
         latest=_run_link(data, latest, info.mlflow_run_id, info.run_id), counts=html.escape(counts),
         protocol=html.escape(f"{info.protocol} {info.protocol_fingerprint}"), attribution=attribution,
         heatmap=heatmap_figure(latest).to_html(full_html=False, include_plotlyjs=True, div_id="heatmap-plot"),
-        diff=diff_table(data),
-        history=history_figure(data).to_html(full_html=False, include_plotlyjs=False, div_id="history-plot"))
+        diff=diff_table(data), reasons=reasons_table(data),
+        history=('<div id="history">' + history_figure(data).to_html(full_html=False, include_plotlyjs=False,
+                                                                     div_id="history-plot") + "</div>")
+        if len(data.runs) > 1 else "<p>Only one run so far: each cell's history starts here.</p>")
 
 
-def log_on_latest_run(results_dir: Path, suite: str, page: Path, tracking_uri: str) -> str:
+def log_on_latest_run(archive: Archives, suite: str, page: Path, tracking_uri: str) -> str:
     """Attach the built page to the suite's latest parent run in MLflow; what happened, in words."""
     from harness.results.tracking import Tracker
 
-    latest = runs_of(results_dir, suite)[-1]
+    latest = archive.runs(suite)[-1]
     if not latest.mlflow_run_id:
         return f"not logged: run {latest.run_id} has no MLflow run (`regress sync {latest.run_id}` uploads it)"
     tracker = Tracker(tracking_uri)

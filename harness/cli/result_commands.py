@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from harness.cli.app import ResultsDirOpt, TrackingOpt, app, console
+
+if TYPE_CHECKING:
+    from harness.results.archive import Archives
+
+ArchiveOpt = Annotated[str | None, typer.Option(
+    help="Also read runs from this MLflow store (default: MLFLOW_TRACKING_URI): a clean CI runner has no "
+         "results/ of earlier nights, the tracking server has them.")]
+
+
+def _archive(results_dir: Path, tracking_uri: str | None) -> Archives:
+    from harness.results.archive import archives
+
+    return archives(results_dir, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+
+
+def suite_name(suite: str) -> str:
+    """A suite's name, given its name or its file (what every other command takes)."""
+    if suite.endswith((".yaml", ".yml")) or Path(suite).is_file():
+        from harness.suite.config import load_suite
+
+        return load_suite(suite).suite.suite
+    return suite
 
 
 @app.command()
@@ -17,6 +40,7 @@ def compare(
     results_dir: ResultsDirOpt = Path("results"),
     markdown: Annotated[Path | None, typer.Option(help="Also write the table as markdown here.")] = None,
     allow_different_protocol: Annotated[bool, typer.Option(help="Compare runs whose protocols differ.")] = False,
+    tracking_uri: ArchiveOpt = None,
 ) -> None:
     """Compare two runs cell by cell: accuracy in both, the paired difference on shared questions with
     its p-value, and what changed (newly failing, fixed, still failing). Exits 1 if a cell newly fails.
@@ -26,10 +50,10 @@ def compare(
     from rich.markdown import Markdown
 
     from harness.analysis.compare import ChangeKind, changes_markdown, compare_runs
-    from harness.results.catalog import load_run, resolve_run
+    from harness.results.archive import find_run
 
-    old = load_run(resolve_run(results_dir, before))
-    new = load_run(resolve_run(results_dir, after))
+    archive = _archive(results_dir, tracking_uri)
+    old, new = find_run(archive, before), find_run(archive, after)
     changes = compare_runs(old, new, allow_different_protocol)
     text = changes_markdown(old, new, changes)
     console.print(Markdown(text))
@@ -40,12 +64,14 @@ def compare(
 
 @app.command()
 def dashboard(
-    suite: Annotated[str, typer.Argument(help="The suite's name (e.g. demo, nightly).")],
+    suite: Annotated[str, typer.Argument(help="The suite: its name (demo, nightly) or its file (configs/demo.yaml).")],
     results_dir: ResultsDirOpt = Path("results"),
     output: Annotated[Path | None, typer.Option(help="The page to write (default dashboards/SUITE.html).")] = None,
     history: Annotated[int, typer.Option(help="How many recent runs the history shows.")] = 14,
     mlflow_ui: Annotated[str | None, typer.Option(help="MLflow UI base URL for links, e.g. http://127.0.0.1:5000")] = None,
-    tracking_uri: Annotated[str | None, typer.Option(help="Also log the page on the latest parent run here.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        help="Also read runs from this MLflow store (default: MLFLOW_TRACKING_URI), and log the page on "
+             "the latest parent run there.")] = None,
     serve: Annotated[int | None, typer.Option(help="Serve the page on 127.0.0.1:PORT, rebuilt on each load.")] = None,
 ) -> None:
     """Build the comparison dashboard: the latest matrix as a heatmap, what changed since the previous
@@ -55,10 +81,13 @@ def dashboard(
     """
     from harness.analysis.dashboard import build_html, load_input
 
+    suite = suite_name(suite)
     target = output or Path("dashboards") / f"{suite}.html"
+    tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    archive = _archive(results_dir, tracking_uri)
 
     def build() -> str:
-        page = build_html(load_input(results_dir, suite, history, mlflow_ui))
+        page = build_html(load_input(archive, suite, history, mlflow_ui))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(page)
         return page
@@ -68,7 +97,7 @@ def dashboard(
     if tracking_uri:
         from harness.analysis.dashboard import log_on_latest_run
 
-        console.print(log_on_latest_run(results_dir, suite, target, tracking_uri))
+        console.print(log_on_latest_run(archive, suite, target, tracking_uri))
     if serve:
         from harness.analysis.serve import serve_page
 

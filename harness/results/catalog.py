@@ -3,20 +3,12 @@ cell's answers in a finished run as an outcome the gate can pair with."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.gsm8k.evaluator import score
-from harness.results.records import CellOutcome, CellResult, RunInfo
+from harness.results.records import CellOutcome, RunInfo
 from harness.results.store import ResultsStore
-
-
-@dataclass(frozen=True)
-class LoadedRun:
-    info: RunInfo
-    cells: dict[str, CellResult]
-    store: ResultsStore
 
 
 def runs_of(results_dir: Path, suite: str) -> list[RunInfo]:
@@ -40,10 +32,6 @@ def resolve_run(results_dir: Path, name: str) -> ResultsStore:
     if (path / "run.json").is_file():
         return ResultsStore(path.parent, path.name)
     return ResultsStore.existing(results_dir, name)
-
-
-def load_run(store: ResultsStore) -> LoadedRun:
-    return LoadedRun(store.read_run(), {c.cell_id: c for c in store.cells()}, store)
 
 
 def stored_outcome(store: ResultsStore, cell_id: str, args: list[str] | None = None) -> CellOutcome | None:

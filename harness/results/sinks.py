@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
+from harness.results.archive import CELLS_ARTIFACT
 from harness.results.records import CellResult, QuestionRecord, RunInfo, Status
 from harness.results.reporting import junit_xml, print_summary, summary_markdown
 from harness.results.store import ResultsStore
@@ -109,7 +110,9 @@ class MlflowSink:
         return finished.result.model_copy(update={"mlflow_run_id": run_id})
 
     def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
-        self.tracker.finish(info, {"summary.md": summary_markdown(info, results)})
+        # cells.jsonl on the parent run: what a clean CI runner reads back as history (see archive).
+        self.tracker.finish(info, {"summary.md": summary_markdown(info, results),
+                                   CELLS_ARTIFACT: "".join(r.model_dump_json() + "\n" for r in results)})
         return info.model_copy(update={"tracking_error": self.tracker.error})
 
 

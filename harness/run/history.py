@@ -8,11 +8,9 @@ that failed or was not selected last night: its last good answers are still the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from harness.results.catalog import runs_of, stored_outcome
+from harness.gsm8k.evaluator import score
+from harness.results.archive import RunArchive
 from harness.results.records import CellOutcome, CellResult, RunInfo, Status
-from harness.results.store import ResultsStore
 
 MAX_RUNS_SEARCHED = 30
 
@@ -20,21 +18,20 @@ MAX_RUNS_SEARCHED = 30
 class History:
     """Earlier finished runs of one suite with one protocol fingerprint, newest first."""
 
-    def __init__(self, results_dir: Path, runs: list[RunInfo]) -> None:
-        self.results_dir = Path(results_dir)
+    def __init__(self, archive: RunArchive, runs: list[RunInfo]) -> None:
+        self.archive = archive
         self.runs = runs[:MAX_RUNS_SEARCHED]
         self._cells: dict[str, dict[str, CellResult]] = {}
 
     @classmethod
-    def of(cls, results_dir: Path, suite: str, fingerprint: str, current_run_id: str) -> History:
-        runs = [info for info in reversed(runs_of(results_dir, suite))
+    def of(cls, archive: RunArchive, suite: str, fingerprint: str, current_run_id: str) -> History:
+        runs = [info for info in reversed(archive.runs(suite))
                 if info.run_id != current_run_id and info.protocol_fingerprint == fingerprint]
-        return cls(results_dir, runs)
+        return cls(archive, runs)
 
     def _results(self, run: RunInfo) -> dict[str, CellResult]:
         if run.run_id not in self._cells:
-            store = ResultsStore(self.results_dir, run.run_id)
-            self._cells[run.run_id] = {result.cell_id: result for result in store.cells()}
+            self._cells[run.run_id] = {result.cell_id: result for result in self.archive.cells(run.run_id)}
         return self._cells[run.run_id]
 
     def latest(self) -> list[CellResult]:
@@ -51,7 +48,7 @@ class History:
             result = self._results(run).get(cell_id)
             if result is None or result.status is not Status.PASS:
                 continue
-            outcome = stored_outcome(ResultsStore(self.results_dir, run.run_id), cell_id)
-            if outcome is not None:
-                return run.run_id, outcome
+            records = self.archive.questions(run.run_id, cell_id)
+            if records:
+                return run.run_id, CellOutcome(cell_id=cell_id, args=[], score=score(records, 0.0), questions=records)
         return None

@@ -25,6 +25,7 @@ from harness.gate.stats import preload as preload_statistics
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings
 from harness.gsm8k.protocol import ProtocolPlan
+from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
 from harness.results.provenance import closed_run_info, new_run_info
 from harness.results.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
@@ -172,7 +173,8 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     """Run every cell of `inputs.matrix` not yet judged, gate each, and write every sink
     (`sinks(store)`; default: MLflow when tracking, the results folder, the console)."""
     store, info, kept = _open(inputs, options)
-    history = History.of(options.results_dir, inputs.loaded.suite.suite, inputs.plan.fingerprint, info.run_id)
+    history = History.of(archives(options.results_dir, options.tracking_uri), inputs.loaded.suite.suite,
+                         inputs.plan.fingerprint, info.run_id)
     sinks = sinks(store) if sinks else standard_sinks(store, options.tracking_uri, console, options.quiet)
     info = sinks.open(info, _run_params(inputs, store))
     suite = inputs.loaded.suite
