@@ -96,6 +96,12 @@ def test_plan_json_lists_cells_and_skips():
     result = regress("plan", "configs/nightly.yaml", "--json")
     data = json.loads(result.stdout)
     assert result.returncode == 0 and len(data["cells"]) == 72 and data["skipped"]
+    # Each cell's exact server argv, ports and the worker's interpreter as placeholders, for other tools.
+    kimi = next(c for c in data["cells"] if c["cell_id"].startswith("kimi-linear.ab-fa3.um-on.rc-on.cp-off"))
+    assert kimi["argv"][:3] == ["{python}", "-m", "sglang.launch_server"] and "{port}" in kimi["argv"]
+    assert kimi["argv"][-7:] == ["--attention-backend", "fa3", "--enable-unified-memory", "--chunked-prefill-size",
+                                 "-1", "--mamba-radix-cache-strategy", "extra_buffer"]
+    assert "--trust-remote-code" in kimi["argv"] and kimi["argv"][kimi["argv"].index("--tp-size") + 1] == "2"
 
 
 def test_a_local_ray_that_cannot_start_is_one_line_and_not_a_regression(monkeypatch, tmp_path):

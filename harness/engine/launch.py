@@ -29,7 +29,7 @@ class LaunchSpec:
     # CUDA_VISIBLE_DEVICES says (a single-cell `regress eval`).
     devices: tuple[str, ...] | None = None
 
-    def argv(self, port: int, nccl_port: int) -> list[str]:
+    def argv(self, port: int | str, nccl_port: int | str) -> list[str]:
         """`<python> -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
         --random-seed S <cell flags> <model extra args>`, as a list (never a shell string)."""
         model = self.cell.model

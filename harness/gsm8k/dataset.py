@@ -12,8 +12,10 @@ import functools
 import hashlib
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from harness.errors import DatasetError
 from harness.gsm8k.extract import gold_answer
@@ -102,15 +104,36 @@ def _read_jsonl(path: Path) -> list[Problem]:
     return problems
 
 
+WHERE_TO_GET_IT = (
+    f"GSM8K is {HUB_ID[0]} (config {HUB_ID[1]}) on the Hugging Face hub: on a machine that reaches it, "
+    f"`python -c \"import datasets; datasets.load_dataset('{HUB_ID[0]}', '{HUB_ID[1]}')\"` fills the cache "
+    "(~/.cache/huggingface); or put test.jsonl and train.jsonl (github.com/openai/grade-school-math, "
+    f"grade_school_math/data) in a folder and pass --gsm8k-path or set {ENV_VAR}")
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub (HF_ENDPOINT, else huggingface.co) accepts a connection at all: when it does
+    not, `datasets` would spend half a minute retrying before using its cache."""
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
 def _from_hub() -> tuple[list[Problem], list[Problem]]:
+    if not hub_reachable():
+        # Straight to the cache: these are read when the hub libraries are imported, just below.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         import datasets
 
         loaded = datasets.load_dataset(*HUB_ID)
     except Exception as error:  # noqa: BLE001 - datasets raises many unrelated types when offline
-        raise DatasetError(
-            f"cannot load {HUB_ID[0]} from the Hugging Face hub or its cache ({type(error).__name__}: "
-            f"{str(error)[:200]}); set {ENV_VAR} or --gsm8k-path to a folder with test.jsonl and train.jsonl"
-        ) from None
+        raise DatasetError(f"cannot load {HUB_ID[0]} from the Hugging Face hub or its cache "
+                           f"({type(error).__name__}: {str(error)[:200]}). {WHERE_TO_GET_IT}") from None
     return ([_problem(row, f"hub test[{i}]") for i, row in enumerate(loaded["test"])],
             [_problem(row, f"hub train[{i}]") for i, row in enumerate(loaded["train"])])

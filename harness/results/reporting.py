@@ -10,30 +10,46 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.engine.launch import LaunchSpec
 from harness.results.records import CellResult, RunInfo, Status, status_counts
 from harness.suite.config import LoadedSuite
-from harness.suite.matrix import Matrix
+from harness.suite.matrix import Cell, Matrix
+
+
+def server_argv(loaded: LoadedSuite, cell: Cell) -> list[str]:
+    """The cell's exact server command line, as a worker would run it: `{python}` (the worker's
+    interpreter unless the suite names one), `{port}` and `{nccl_port}` stand for what is chosen there."""
+    suite = loaded.suite
+    spec = LaunchSpec(engine=suite.engine, python=suite.python or "{python}", cell=cell, seed=suite.seed,
+                      startup_timeout_s=cell.model.startup_timeout_s)
+    return spec.argv("{port}", "{nccl_port}")
 
 
 def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:
-    """`regress plan --json`: every cell with its flags and reference, and what is excluded."""
+    """`regress plan --json`: every cell with its flags, exact server argv, expected server fields and
+    reference, and what is excluded (with the rule's reason)."""
     return json.dumps({
         "suite": loaded.suite.suite, "engine": loaded.suite.engine,
         "cells": [{"cell_id": c.cell_id, "model": c.model.id, "model_path": c.model.path, "factors": c.factors,
                    "tp": c.model.tp, "reference_cell": c.reference_cell, "flags": list(c.flags),
-                   "expected": c.expected} for c in matrix.cells],
+                   "argv": server_argv(loaded, c), "expected": c.expected}
+                  for c in matrix.cells],
         "skipped": [{"cell_id": s.cell_id, "reason": s.reason} for s in matrix.skipped]}, indent=2)
 
 
 def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
     """`regress plan`: the cells as a table, the GPU-slots they need, and the excluded cells by reason."""
     table = Table(title=f"{loaded.suite.suite}: {len(matrix.cells)} cells ({loaded.suite.engine})", header_style="bold")
-    for column in ("cell", "tp", "reference", "server flags"):
-        table.add_column(column)
+    # Cell ids whole (nightly ids differ only at their end), the flags fold instead.
+    table.add_column("cell", no_wrap=True)
+    table.add_column("tp")
+    table.add_column("server flags", overflow="fold")
     for cell in matrix.cells:
-        table.add_row(cell.cell_id, str(cell.model.tp), cell.reference_cell or "[bold](reference)[/]",
-                      " ".join(cell.flags) or "-")
+        marker = " [bold](reference)[/]" if cell.is_reference else ""
+        table.add_row(cell.cell_id + marker, str(cell.model.tp), " ".join(cell.flags) or "-")
     console.print(table)
+    references = sorted({cell.reference_cell for cell in matrix.cells if cell.reference_cell})
+    console.print("each cell is compared with its model's reference: " + ", ".join(references))
     gpus = sum(c.model.tp for c in matrix.cells)
     console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
                   f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
