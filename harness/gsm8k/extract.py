@@ -21,6 +21,9 @@ _NUMBER = r"(?<![A-Za-z0-9_.])(-?)\$?(-?)(\d+(?:,\d{3})*(?:\.\d+)?)"
 _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(r"(?:####|[Tt]he (?:final )?answer is:?)\s*\**\s*" + _NUMBER)
 _SGLANG_INTEGER_RE = re.compile(r"\d+")
+_RUN_EVAL_NUMBER = r"-?\d+\.?\d*"
+_RUN_EVAL_MARKER_RE = re.compile(r"####\s*(" + _RUN_EVAL_NUMBER + ")")
+_RUN_EVAL_NUMBER_RE = re.compile(_RUN_EVAL_NUMBER)
 
 
 def normalise_number(text: str) -> str | None:
@@ -65,3 +68,22 @@ def extract_sglang_integer(output: str) -> str | None:
     """sglang few_shot_gsm8k's rule: commas removed, last run of digits; None is invalid."""
     numbers = _SGLANG_INTEGER_RE.findall(output.replace(",", ""))
     return numbers[-1] if numbers else None
+
+
+def extract_sglang_run_eval(output: str) -> str | None:
+    """sglang run_eval GSM8KEval's rule: commas removed; the number after the first `####`, else
+    the last number; read as a Python literal (so `007` is no number, `3.50` is 3.5). Canonical
+    string, or None (invalid)."""
+    text = output.replace(",", "")
+    marker = _RUN_EVAL_MARKER_RE.search(text)
+    if marker is not None:
+        found = marker.group(1)
+    else:
+        numbers = _RUN_EVAL_NUMBER_RE.findall(text)
+        if not numbers:
+            return None
+        found = numbers[-1]
+    digits = found.lstrip("-")
+    if "." not in digits and len(digits) > 1 and digits.startswith("0") and digits.strip("0"):
+        return None  # a Python literal cannot have leading zeros: ast.literal_eval refuses it
+    return normalise_number(found)

@@ -6,6 +6,10 @@
   from index 0, native `/generate`, sglang's stop list and integer extraction), for comparability
   with thresholds written for sglang's CI. Its flaws are kept on purpose: the 5 shots are also
   scored as questions, and negatives and decimals are lost by its extraction.
+- `sglang-run-eval`: sglang's `run_eval` GSM8KEval, which sglang's CI thresholds now come from (Kimi-
+  Linear > 0.88): shots = the first 5 test lines, questions = the test lines after them in order,
+  `/v1/completions` with sglang's stop list, and its extraction (the number after the first `####`,
+  else the last number; signs and decimals kept, compared as numbers).
 - `chat`: the clean questions and shots as chat turns through `/v1/chat/completions`.
 
 Every plan carries a fingerprint: results with different fingerprints are not comparable.
@@ -23,7 +27,12 @@ from typing import Literal
 
 from harness.errors import ConfigError
 from harness.gsm8k.dataset import Gsm8k, Problem
-from harness.gsm8k.extract import extract_flexible, extract_sglang_integer, extract_strict
+from harness.gsm8k.extract import (
+    extract_flexible,
+    extract_sglang_integer,
+    extract_sglang_run_eval,
+    extract_strict,
+)
 
 
 class ProtocolName(str, Enum):
@@ -31,6 +40,7 @@ class ProtocolName(str, Enum):
 
     CLEAN = "clean"
     SGLANG_FEWSHOT = "sglang-fewshot"
+    SGLANG_RUN_EVAL = "sglang-run-eval"
     CHAT = "chat"
 
     def __str__(self) -> str:
@@ -83,6 +93,9 @@ class ProtocolPlan:
     fingerprint: str
 
     def grade(self, output: str, gold: str) -> Grade:
+        if self.name == "sglang-run-eval":
+            pred = extract_sglang_run_eval(output)
+            return Grade(pred, pred == gold, pred, pred == gold)
         if self.name == "sglang-fewshot":
             pred = extract_sglang_integer(output)
             return Grade(pred, pred == gold, pred, pred == gold)
@@ -117,6 +130,8 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
     except ValueError:
         raise ConfigError(f"protocol: unknown protocol {name!r}; allowed: "
                           f"{', '.join(p.value for p in ProtocolName)}") from None
+    if name == "sglang-run-eval":
+        return _run_eval_plan(data, num_questions, seed, max_tokens)
     if name == "sglang-fewshot":
         shots = list(range(NUM_SHOTS))
         prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
@@ -140,6 +155,20 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
     prompts = [Prompt(i, data.test[i].gold, messages=(*turns, ("user", f"Question: {data.test[i].question}")))
                for i in questions]
     return _finish(data, ProtocolName.CHAT, "chat", prompts, (), max_tokens, shots, seed)
+
+
+def _run_eval_plan(data: Gsm8k, num_questions: int | None, seed: int, max_tokens: int) -> ProtocolPlan:
+    """GSM8KEval: the shots are test[0:5], the questions test[5:] in file order (never the shots)."""
+    shots = list(range(NUM_SHOTS))
+    prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
+    pool = range(NUM_SHOTS, len(data.test))
+    if num_questions is not None and num_questions > len(pool):
+        raise ConfigError(f"num_questions: {num_questions} asked but GSM8KEval has {len(pool)} questions "
+                          f"(the test split less its {NUM_SHOTS} shots)")
+    chosen = pool if num_questions is None else pool[:num_questions]
+    prompts = [Prompt(i, extract_sglang_run_eval(data.test[i].solution) or "",
+                      prefix + _sglang_example(data.test[i], False)) for i in chosen]
+    return _finish(data, ProtocolName.SGLANG_RUN_EVAL, "completions", prompts, SGLANG_STOP, max_tokens, shots, seed)
 
 
 def _clean_example(problem: Problem) -> str:
@@ -167,7 +196,7 @@ EXTENSION_INDEX_OFFSET = 100_000  # train question i is recorded as index 100000
 def extension_plan(data: Gsm8k, plan: ProtocolPlan, count: int) -> ProtocolPlan | None:
     """More questions for undecided cells: train questions that are not shots, in seeded order,
     with the plan's template. None when the protocol has no clean extension (sglang-fewshot)."""
-    if plan.name == "sglang-fewshot" or count <= 0:
+    if plan.name in ("sglang-fewshot", "sglang-run-eval") or count <= 0:
         return None
     pool = [i for i in range(len(data.train)) if i not in set(plan.shot_indices)]
     random.Random(plan.seed + 1).shuffle(pool)

@@ -18,7 +18,7 @@ Schedule = Callable[..., None]  # (cells, plan, on_outcome, label): see pipeline
 
 def extend(inputs, gating: Gating, schedule: Schedule, console: Console) -> None:
     """Extend every inconclusive cell that has answers; no-op when none is, or the protocol has no
-    extension (sglang-fewshot)."""
+    extension (sglang-fewshot, sglang-run-eval: their questions are fixed by sglang's test)."""
     cells = inputs.matrix.by_id()
     undecided = [cells[cell_id] for cell_id, result in gating.results().items()
                  if result.status is Status.INCONCLUSIVE and cell_id in cells and gating.answers(cell_id)]

@@ -56,3 +56,33 @@ def test_fingerprint_changes_with_what_matters(gsm8k):
 def test_too_many_questions_is_a_config_error(gsm8k):
     with pytest.raises(ConfigError, match="1319"):
         build_plan(gsm8k, "clean", 5000, 0)
+
+
+def test_run_eval_prompts_are_byte_identical_to_gsm8keval(gsm8k):
+    """sglang's run_eval GSM8KEval, from its construction rules: each of the first five test lines
+    as `Question: q\\nAnswer: a` followed by a blank line, then `Question: q\\nAnswer:` for the test
+    lines after them, in file order."""
+    plan = build_plan(gsm8k, "sglang-run-eval", 50, seed=123)
+    shots = "".join(f"Question: {p.question}\nAnswer: {p.solution}\n\n" for p in gsm8k.test[:5])
+    assert [p.index for p in plan.prompts] == list(range(5, 55))  # never the shots, never shuffled
+    for prompt in plan.prompts[:3] + plan.prompts[-1:]:
+        problem = gsm8k.test[prompt.index]
+        assert prompt.text == shots + f"Question: {problem.question}\nAnswer:"
+    assert plan.endpoint == "completions" and plan.stop == SGLANG_STOP and plan.temperature == 0.0
+    assert build_plan(gsm8k, "sglang-run-eval", None, 0).prompts[-1].index == len(gsm8k.test) - 1
+
+
+@pytest.mark.parametrize(("output", "value"), [
+    ("so 3 + 4 = 7\n#### 7\n\nQuestion: next\n#### 99", "7"),  # the first marker: the question asked
+    ("he pays $1,945,400 in all", "1945400"), ("-5 degrees", "-5"), ("#### 3.50", "3.5"),
+    ("The answer is 18.", "18"), ("agent 007", None), ("no number", None)])
+def test_run_eval_extraction_keeps_signs_and_decimals(output, value):
+    from harness.gsm8k.extract import extract_sglang_run_eval
+
+    assert extract_sglang_run_eval(output) == value
+
+
+def test_run_eval_grades_numbers_not_strings(gsm8k):
+    plan = build_plan(gsm8k, "sglang-run-eval", 5, 0)
+    gold = plan.prompts[0].gold
+    assert plan.grade(f"#### {gold}.00", gold).correct and not plan.grade("#### -1", gold).correct
