@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED_GSM8K := $(abspath ../shared/data/gsm8k)
 export REGRESS_GSM8K_PATH ?= $(if $(wildcard $(SHARED_GSM8K)/test.jsonl),$(SHARED_GSM8K),)
 
-.PHONY: venv browser demo mlflow-ui test test-fast lint clean
+.PHONY: venv browser demo mlflow-ui sglang-env test test-fast lint clean
 
 venv: $(VENV)/.installed
 
@@ -26,15 +26,24 @@ mlflow-ui: venv
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(abspath results/mlflow.db) \
 	  --default-artifact-root $(abspath results/mlartifacts) --host 127.0.0.1 --port $(PORT)
 
+# Real sglang for `regress check` on a CPU machine (its parser and resolution; no GPU, no weights).
+SGLANG_ENV ?= .sglang-0.5.23
+sglang-env: $(SGLANG_ENV)/.installed
+
+$(SGLANG_ENV)/.installed: configs/sglang-check/requirements.txt
+	python3 -m venv $(SGLANG_ENV)
+	$(SGLANG_ENV)/bin/pip install -q --no-deps -r configs/sglang-check/requirements.txt
+	touch $@
+
 # The dashboard's browser test needs Debian's chromium; install it when missing (CI runs as root).
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-test: venv browser
+test: venv browser sglang-env
 	$(PY) -m pytest -q
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow and not browser"
+	$(PY) -m pytest -q -m "not slow and not browser and not sglang"
 
 lint: venv
 	$(VENV)/bin/ruff check harness tests benchmarks

@@ -327,3 +327,36 @@ axes: {{attention_backend: [triton]}}
     assert cell.args[0] == str(worker_env / "bin" / "python") and result.exit_code == 0
     (launch,) = [json.loads(p.read_text()) for p in record_dir.glob("*.json")]
     assert launch["python"] == str(worker_env / "bin" / "python")
+
+
+def test_a_cell_the_installed_sglang_refuses_is_skipped_with_its_message_before_any_gpu(ray_local, tmp_path):
+    """The plan-time check runs each cell's argv through the workers' sglang (here a stand-in with one
+    of sglang 0.5.23's real refusals): the refused cell never launches, and says why."""
+    record_dir = tmp_path / "record"
+    record_dir.mkdir()
+    env = {"PYTHONPATH": f"{FAKE_SGLANG}:{ROOT}", "REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
+           "FAKE_SGLANG_RECORD_DIR": str(record_dir)}
+    suite = tmp_path / "tbo.yaml"
+    suite.write_text(f"""
+suite: tbo
+engine: sglang
+num_questions: 20
+stop_grace_s: 2
+models:
+  - {{id: dsv2, path: deepseek-ai/DeepSeek-V2-Lite-Chat, floor: 0.5, env: {json.dumps(env)}}}
+axes:
+  attention_backend: [triton]
+  overlap: {{none: [], tbo: [--enable-two-batch-overlap]}}
+""")
+    result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking")
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json,
+                                       (only_run(tmp_path / "results") / "cells.jsonl").read_text().splitlines())}
+    refused = cells["dsv2.ab-triton.overlap-tbo"]
+    assert refused.status.value == "skipped" and result.exit_code == 0, result.output
+    assert refused.reason.startswith("sglang refuses it: ValueError: When enabling two batch overlap")
+    launches = [json.loads(p.read_text())["argv"] for p in record_dir.glob("*.json")]
+    assert launches and not any("--enable-two-batch-overlap" in argv for argv in launches)
+    # The accepted cell ran, and the check's prediction was recorded beside what the server resolved.
+    ran = cells["dsv2.ab-triton.overlap-none"]
+    assert ran.status.value == "pass" and ran.predicted["attention_backend"] == "triton"
+    assert ran.predicted["disable_radix_cache"] == ran.resolved["disable_radix_cache"]

@@ -18,6 +18,7 @@ from harness.cli.app import (
     console,
     load_matrix,
 )
+from harness.engine.check import MODELS_DIR
 from harness.errors import ConfigError
 from harness.suite.matrix import select_listed
 
@@ -97,7 +98,7 @@ def run(
     from harness.results.store import ResultsStore
     from harness.results.tracking import default_tracking_uri
     from harness.run.pipeline import RunOptions, run_suite
-    from harness.run.ray.cluster import check_fits, expand_auto, ray_cluster
+    from harness.run.ray.cluster import check_fits, expand_auto, ray_cluster, sglang_check
 
     inputs = _run_inputs(suite, selection, cells_file, num_questions, gsm8k_path)
     options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
@@ -110,7 +111,11 @@ def run(
         if cells_file is not None:
             matrix = select_listed(matrix, cells_file)
         check_fits(matrix)
-        report = run_suite(replace(inputs, matrix=matrix), options, console)
+        predicted: dict[str, dict] = {}
+        if inputs.loaded.suite.engine == "sglang":
+            matrix, predicted = sglang_check(inputs.loaded, matrix, inputs.data.source,
+                                             lambda message: console.print(f"[yellow]{message}[/]"))
+        report = run_suite(replace(inputs, matrix=matrix, predicted=predicted), options, console)
     raise typer.Exit(report.exit_code)
 
 
@@ -186,3 +191,49 @@ def submit(
                             runtime_env=loaded.suite.cluster.runtime_env, python=python, working_dir=working_dir,
                             results_dir=cluster_results_dir)
     raise typer.Exit(submit_job(submission, follow=not no_follow))
+
+
+@app.command()
+def check(
+    suite: SuiteArg,
+    selection: SelectOpt = None,
+    python: Annotated[str | None, typer.Option(
+        help="The interpreter whose sglang to ask (default: this one; `make sglang-env` builds .sglang-0.5.23).")] = None,
+    models_dir: Annotated[Path, typer.Option(help="Folders of <model path>/config.json for the resolution.")] =
+        MODELS_DIR,
+    gpu: Annotated[str | None, typer.Option(help="GPU kind to describe to sglang (default: the suite's, else H200).")] = None,
+) -> None:
+    """Ask the installed sglang whether it would start each cell: its own argparse, then (sglang
+    0.5.23+) its whole resolution and checks, with the GPU described and each model's config.json.
+    Refused cells are listed with sglang's own message; exit 1 if any is refused.
+
+    Example: `regress check configs/nightly.yaml --python .sglang-0.5.23/bin/python`
+    """
+    import sys
+    import time
+
+    from rich.table import Table
+
+    from harness.engine.check import check_cells
+
+    loaded, matrix = load_matrix(suite, selection)
+    started = time.monotonic()
+    checked = check_cells(python or sys.executable, loaded, list(matrix.cells), models_dir, gpu)
+    table = Table(title=f"{loaded.suite.suite}: {len(checked)} cells against sglang "
+                        f"{checked[0].sglang_version if checked else '?'}", header_style="bold")
+    table.add_column("cell", no_wrap=True)
+    table.add_column("sglang says", overflow="fold")
+    for item in checked:
+        if item.refused:
+            said = f"[red]refused[/] ({item.stage}): {item.refused}"
+        else:
+            said = f"[green]ok[/] ({item.stage})" + (f": {item.problem}" if item.problem else "")
+            if item.predicted:
+                said += " · " + ", ".join(f"{k}={v}" for k, v in item.predicted.items() if v is not None)
+        table.add_row(item.cell_id, said)
+    console.print(table)
+    refused = [item for item in checked if item.refused]
+    console.print(f"{len(checked) - len(refused)} of {len(checked)} cells accepted, {len(refused)} refused, "
+                  f"in {time.monotonic() - started:.1f} s"
+                  + (f" (stand-ins for {', '.join(checked[0].stand_ins)})" if checked and checked[0].stand_ins else ""))
+    raise typer.Exit(1 if refused else 0)

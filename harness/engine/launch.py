@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
+from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Cell
 
 ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "harness.sim"}
@@ -50,3 +51,12 @@ class LaunchSpec:
 def default_python(configured: str | None) -> str:
     """The suite's interpreter, else the one running this code (call it where the server starts)."""
     return configured or sys.executable
+
+
+def planned_argv(loaded: LoadedSuite, cell: Cell) -> list[str]:
+    """The cell's exact server command line, as a worker would run it: `{python}` (the worker's
+    interpreter unless the suite names one), `{port}` and `{nccl_port}` stand for what is chosen there."""
+    suite = loaded.suite
+    spec = LaunchSpec(engine=suite.engine, python=suite.python or "{python}", cell=cell, seed=suite.seed,
+                      startup_timeout_s=cell.model.startup_timeout_s)
+    return spec.argv("{port}", "{nccl_port}")

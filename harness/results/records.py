@@ -181,6 +181,7 @@ class CellResult(Verdict):
     node: str | None = None
     stopped_early: bool = False
     history_run_id: str | None = None  # the run whose passing answers this cell was compared with
+    predicted: dict[str, Any] = {}  # resolved fields the plan-time sglang check predicted (engine sglang)
 
 
 class RunInfo(Record):

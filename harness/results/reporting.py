@@ -10,19 +10,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from harness.engine.launch import LaunchSpec
+from harness.engine.launch import planned_argv
 from harness.results.records import CellResult, RunInfo, Status, status_counts
 from harness.suite.config import LoadedSuite
-from harness.suite.matrix import Cell, Matrix
-
-
-def server_argv(loaded: LoadedSuite, cell: Cell) -> list[str]:
-    """The cell's exact server command line, as a worker would run it: `{python}` (the worker's
-    interpreter unless the suite names one), `{port}` and `{nccl_port}` stand for what is chosen there."""
-    suite = loaded.suite
-    spec = LaunchSpec(engine=suite.engine, python=suite.python or "{python}", cell=cell, seed=suite.seed,
-                      startup_timeout_s=cell.model.startup_timeout_s)
-    return spec.argv("{port}", "{nccl_port}")
+from harness.suite.matrix import Matrix
 
 
 def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:
@@ -32,7 +23,7 @@ def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:
         "suite": loaded.suite.suite, "engine": loaded.suite.engine,
         "cells": [{"cell_id": c.cell_id, "model": c.model.id, "model_path": c.model.path, "factors": c.factors,
                    "tp": c.model.tp, "reference_cell": c.reference_cell, "flags": list(c.flags),
-                   "argv": server_argv(loaded, c), "expected": c.expected}
+                   "argv": planned_argv(loaded, c), "expected": c.expected}
                   for c in matrix.cells],
         "skipped": [{"cell_id": s.cell_id, "reason": s.reason} for s in matrix.skipped]}, indent=2)
 

@@ -49,11 +49,21 @@ def cell_result(outcome: CellOutcome, verdict: Verdict, *, cell_id: str, model: 
         history_run_id=history_run_id if verdict.history_p is not None else None)
 
 
+def prediction_misses(predicted: dict, resolved: dict) -> list[str]:
+    """`page_size=1 (server: 64)` for each field the server resolved otherwise than the check said."""
+    if not resolved:
+        return []
+    return [f"{key}={value} (server: {resolved[key]})" for key, value in predicted.items()
+            if key in resolved and resolved[key] != value]
+
+
 class Gating:
     """The verdicts of one run, made as cells finish and written through `sinks`."""
 
-    def __init__(self, gate: GateSpec, cells_tested: int, fingerprint: str, history: History, sinks: Sinks) -> None:
+    def __init__(self, gate: GateSpec, cells_tested: int, fingerprint: str, history: History, sinks: Sinks,
+                 predicted: dict[str, dict] | None = None) -> None:
         self.gate = gate
+        self.predicted = predicted or {}
         self.cells_tested = cells_tested
         self.fingerprint = fingerprint
         self.history = history
@@ -102,9 +112,15 @@ class Gating:
                         found[1] if found else None)
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
+        predicted = self.predicted.get(cell.cell_id, {})
+        surprises = prediction_misses(predicted, outcome.server.resolved)
+        if surprises:
+            verdict = verdict.model_copy(update={"reason": verdict.reason + "; the sglang check predicted "
+                                                 + ", ".join(surprises)})
         result = cell_result(outcome, verdict, cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
                              reference_cell=cell.reference_cell, floor=cell.model.floor, fingerprint=self.fingerprint,
                              history_run_id=found[0] if found else None)
+        result = result.model_copy(update={"predicted": predicted})
         earlier = self._results.get(cell.cell_id)
         if not log and earlier is not None:
             result = result.model_copy(update={"log_path": earlier.log_path})

@@ -74,6 +74,7 @@ class RunInputs:
     matrix: Matrix
     data: Gsm8k
     plan: ProtocolPlan
+    predicted: dict[str, dict] = field(default_factory=dict)  # cell id -> fields the sglang check predicts
 
 
 class _FailFast(BaseException):
@@ -178,7 +179,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     sinks = sinks(store) if sinks else standard_sinks(store, options.tracking_uri, console, options.quiet)
     info = sinks.open(info, _run_params(inputs, store))
     suite = inputs.loaded.suite
-    gating = Gating(suite.gate, len(inputs.matrix.cells), inputs.plan.fingerprint, history, sinks)
+    gating = Gating(suite.gate, len(inputs.matrix.cells), inputs.plan.fingerprint, history, sinks, inputs.predicted)
     for result in kept:
         gating.restore(result, stored_outcome(store, result.cell_id, result.args))
     preload_statistics()

@@ -6,13 +6,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 
 from harness.engine.launch import default_python
-from harness.errors import ClusterError, ConfigError
+from harness.errors import ClusterError, ConfigError, InfraError
 from harness.suite.axes import backend_axes
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix, expand, select
@@ -82,6 +84,36 @@ def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | N
     env = {**engine_env(loaded, data_source), **spec.models[0].env}
     backends = ray.get(_accepted_backends.remote(spec.engine, spec.python, env))
     return select(expand(spec, tuple(backends)), selection)
+
+
+@ray.remote(num_cpus=0)
+def _check_on_worker(python: str | None, loaded: LoadedSuite, cells: list, models_dir: Path,
+                     env: dict[str, str]) -> list:
+    from harness.engine.check import check_cells
+
+    return check_cells(default_python(python), loaded, cells, models_dir, env=env)  # the worker's sglang
+
+
+def sglang_check(loaded: LoadedSuite, matrix: Matrix, data_source: str | None,
+                 warn: Callable[[str], None]) -> tuple[Matrix, dict[str, dict]]:
+    """Ask the sglang the workers will run which cells it refuses, before any GPU is held: those are
+    `skipped` with sglang's message. Returns the matrix left and each cell's predicted fields. A check
+    that cannot run (no sglang on the worker yet, say) is a warning, never a reason to stop."""
+    from harness.engine.check import MODELS_DIR, without_refused
+
+    spec = loaded.suite
+    options = {"runtime_env": spec.cluster.runtime_env} if spec.cluster.runtime_env else {}
+    checked = []
+    for model in spec.models:
+        cells = [cell for cell in matrix.cells if cell.model.id == model.id]
+        if not cells:
+            continue
+        env = {**engine_env(loaded, data_source), **model.env}
+        try:
+            checked += ray.get(_check_on_worker.options(**options).remote(spec.python, loaded, cells, MODELS_DIR, env))
+        except (ConfigError, InfraError, RayError) as error:
+            warn(f"sglang check skipped for {model.id}: {str(error).strip().splitlines()[-1][:300]}")
+    return without_refused(matrix, checked), {c.cell_id: c.predicted for c in checked if c.predicted}
 
 
 def check_fits(matrix: Matrix) -> None:

@@ -1,0 +1,256 @@
+"""Run cells' exact server argv through the *installed* sglang's own parser and resolution, without a
+GPU: the plan-time oracle for "would this sglang start this cell at all, and with what settings?".
+
+`python -m harness.engine.sglang_check` reads a JSON list of `{"cell_id", "argv"}` on stdin (argv as
+`regress plan --json` lists it: `<python> -m sglang.launch_server --model-path ...`) and writes a JSON
+list of `CheckedCell` on stdout. It is meant to run under the interpreter that will run the servers
+(a worker's, or `regress check --python`), so it imports nothing of the harness beyond this module.
+
+What it does, per sglang release:
+- argparse (`prepare_server_args`): every release. An unknown flag or an invalid choice is a refusal,
+  with argparse's own message.
+- the whole resolution (`ServerArgs.resolve_once()` then `check_server_args()`, what the server runs at
+  startup; `resolved_dict()` is what `/server_info` reports): sglang 0.5.23 and later (guarded by
+  the methods existing). It needs the GPU described (`--gpu`, default 8 x H200, sm90), each model's
+  config.json in a local folder (`--models-dir`, a folder per model path), and stand-ins for the
+  CUDA-only native modules sglang imports but never calls here (triton, sgl_kernel, torchvision).
+
+Each cell is checked in a process forked after the import (~10 s once, ~0.1 s per cell), so
+resolution hooks that change process state cannot leak from one cell into the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.abc
+import importlib.machinery
+import io
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+PREDICTED_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
+                    "disable_radix_cache", "enable_unified_memory", "chunked_prefill_size", "page_size",
+                    "mamba_radix_cache_strategy", "tp_size")
+STAND_INS = ("triton", "sgl_kernel", "torchvision")
+GPUS = {"H200": ((9, 0), 143), "H100": ((9, 0), 80), "B200": ((10, 0), 180), "A100": ((8, 0), 80)}
+
+
+class _StandInType(type):
+    def __getattr__(cls, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _StandIn(f"{cls.__name__}.{name}")
+
+
+class _StandIn(types.ModuleType):
+    """A module (or attribute) that is anything asked of it: a decorator, a base class, a value."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value: object = (_StandInType(name, (), {"__init__": lambda self, *a, **k: None}) if name[:1].isupper()
+                         else _StandIn(f"{self.__name__}.{name}"))
+        setattr(self, name, value)
+        return value
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]  # @decorator
+        return lambda function: function  # @decorator(...)
+
+    def __hash__(self) -> int:
+        return hash(self.__name__)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots: set[str]) -> None:
+        self.roots = roots
+
+    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] in self.roots else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _StandIn(spec.name)
+        if spec.name == "triton":
+            module.__version__ = "3.4.0"  # torch reads it when it sees a triton
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+def install_stand_ins() -> list[str]:
+    """Stand in for the CUDA-only native modules this machine lacks; which ones."""
+    import importlib.util
+
+    missing = {name for name in STAND_INS if importlib.util.find_spec(name) is None}
+    if not missing:
+        return []
+    sys.meta_path.insert(0, _StandInFinder(missing))
+    if "torchvision" in missing:  # transformers asks for its version through package metadata
+        folder = Path(tempfile.mkdtemp(prefix="regress-stand-ins-")) / "torchvision-0.28.0.dist-info"
+        folder.mkdir()
+        (folder / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n")
+        sys.path.insert(0, str(folder.parent))
+    return sorted(missing)
+
+
+def describe_gpu(kind: str, count: int) -> None:
+    """Tell torch there are `count` GPUs of `kind` (sglang picks defaults by capability and memory).
+    Nothing to tell when there is no torch (a stand-in sglang)."""
+    try:
+        import torch
+    except ImportError:
+        return
+
+    capability, memory_gib = GPUS.get(kind, GPUS["H200"])
+    properties = types.SimpleNamespace(name=f"NVIDIA {kind}", total_memory=memory_gib * 2**30, major=capability[0],
+                                       minor=capability[1], multi_processor_count=132, is_integrated=False,
+                                       L2_cache_size=60 * 2**20, uuid="GPU-stand-in", gcnArchName="")
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: count
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.set_device = lambda device: None
+    torch.cuda.get_device_capability = lambda device=None: capability
+    torch.cuda.get_device_name = lambda device=None: properties.name
+    torch.cuda.get_device_properties = lambda device=None: properties
+    torch.cuda.mem_get_info = lambda device=None: ((memory_gib - 3) * 2**30, memory_gib * 2**30)
+    torch.cuda.is_bf16_supported = lambda *args, **kwargs: True
+    torch.version.cuda = torch.version.cuda or "12.8"
+
+
+def _server_flags(argv: list[str], models_dir: Path | None) -> list[str]:
+    """The flags after `-m sglang.launch_server`, with the model path pointing at its local config."""
+    flags = argv[argv.index("sglang.launch_server") + 1:] if "sglang.launch_server" in argv else argv[3:]
+    flags = [flag.replace("{port}", "30000").replace("{nccl_port}", "30001") for flag in flags]
+    if models_dir is not None and "--model-path" in flags:
+        position = flags.index("--model-path") + 1
+        local = models_dir / flags[position]
+        if (local / "config.json").is_file():
+            flags[position] = str(local)
+    return flags
+
+
+def _parse(flags: list[str]) -> object:
+    """sglang's own argparse step: `prepare_server_args`, else (older or stand-in builds) its parser."""
+    try:
+        from sglang.srt.server_args import prepare_server_args
+    except ImportError:
+        from sglang.srt.server_args import ServerArgs
+
+        parser = argparse.ArgumentParser(prog="sglang serve")
+        ServerArgs.add_cli_args(parser)
+        return parser.parse_args(flags)
+    return prepare_server_args(flags)
+
+
+def _config_available(flags: list[str]) -> bool:
+    """Resolution reads the model's config.json: from a local folder, or the hub cache (offline)."""
+    if "--model-path" not in flags:
+        return False
+    model = flags[flags.index("--model-path") + 1]
+    if (Path(model) / "config.json").is_file():
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    return isinstance(try_to_load_from_cache(model, "config.json"), str)
+
+
+def _check_one(flags: list[str]) -> dict[str, object]:
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            server_args = _parse(flags)
+    except SystemExit:
+        lines = [line for line in errors.getvalue().splitlines() if "error:" in line]
+        return {"refused": (lines[-1] if lines else errors.getvalue().strip()[-500:]), "stage": "argparse"}
+    if not hasattr(server_args, "resolve_once") or not _config_available(flags):
+        why = None if not hasattr(server_args, "resolve_once") else (
+            "no local config.json for the model (--models-dir, or the hub cache): resolution not checked")
+        return {"refused": None, "stage": "argparse", "problem": why, "predicted": {}}
+    stage = "argparse"
+    try:
+        if hasattr(server_args, "resolve_once"):
+            stage = "resolution"
+            server_args.resolve_once()
+        if hasattr(server_args, "check_server_args"):
+            stage = "check"
+            server_args.check_server_args()
+    except Exception as error:  # noqa: BLE001 - whatever sglang raises is its refusal, reported verbatim
+        return {"refused": f"{type(error).__name__}: {error}"[:1000], "stage": stage}
+    resolved = server_args.resolved_dict() if hasattr(server_args, "resolved_dict") else vars(server_args)
+    return {"refused": None, "stage": stage,
+            "predicted": {key: resolved.get(key) for key in PREDICTED_FIELDS if key in resolved}}
+
+
+def _in_child(flags: list[str], pipe: object) -> None:
+    try:
+        pipe.send(_check_one(flags))
+    except BaseException as error:  # noqa: BLE001 - the child reports anything, then ends
+        pipe.send({"refused": None, "stage": "harness", "problem": f"{type(error).__name__}: {error}"[:500]})
+
+
+def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int) -> list[dict]:
+    """Every cell's verdict from the installed sglang; see the module docstring."""
+    from importlib import metadata
+
+    stand_ins = install_stand_ins()
+    describe_gpu(gpu, gpus)
+    import sglang.srt.server_args  # noqa: F401 - the import every forked check shares
+
+    try:
+        version = metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        version = getattr(sys.modules["sglang"], "__version__", None)
+
+    context = multiprocessing.get_context("fork")
+    results = []
+    width = max(1, os.cpu_count() or 1)
+    for start in range(0, len(cells), width):  # as many checks at once as there are cores
+        batch = []
+        for cell in cells[start:start + width]:
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=_in_child, args=(_server_flags(cell["argv"], models_dir), send))
+            child.start()
+            batch.append((cell, receive, child))
+        for cell, receive, child in batch:
+            result = receive.recv() if receive.poll(300) else {"refused": None, "stage": "harness",
+                                                                "problem": "the check took over 300 s"}
+            child.join(5)
+            results.append({"cell_id": cell["cell_id"], "sglang_version": version, "stand_ins": stand_ins, **result})
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Check server argv against the installed sglang (JSON in, JSON out).")
+    parser.add_argument("--models-dir", type=Path, default=None, help="a folder of <model path>/config.json")
+    parser.add_argument("--gpu", default="H200", help=f"GPU kind to describe: {', '.join(GPUS)}")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node to describe")
+    options = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # config.json comes from --models-dir, never the hub
+    cells = json.load(sys.stdin)
+    output = sys.stdout
+    sys.stdout = sys.stderr  # sglang logs to stdout; only the JSON answer goes there
+    results = check(cells, options.models_dir, options.gpu, options.gpus)
+    output.write(json.dumps(results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

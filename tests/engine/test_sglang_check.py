@@ -1,0 +1,70 @@
+"""The plan-time check against the real sglang 0.5.23 release (installed CPU-only by `make sglang-env`):
+every shipped suite passes it, and a cell sglang refuses is named with sglang's own message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.engine.check import check_cells
+from harness.suite.config import load_suite
+from harness.suite.matrix import expand, select
+from tests.helpers import ROOT
+
+SGLANG_PYTHON = ROOT / ".sglang-0.5.23" / "bin" / "python"
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> str:
+    assert SGLANG_PYTHON.exists(), "the pinned sglang is missing: `make sglang-env` installs it (make test does)"
+    return str(SGLANG_PYTHON)
+
+
+@pytest.mark.parametrize("suite", ["nightly", "pr"])
+def test_every_shipped_sglang_suite_passes_the_real_sglang_check(sglang_python, suite):
+    loaded = load_suite(ROOT / "configs" / f"{suite}.yaml")
+    cells = list(expand(loaded.suite).cells)
+    checked = check_cells(sglang_python, loaded, cells)
+    assert {c.sglang_version for c in checked} == {"0.5.23"}
+    assert [c.cell_id for c in checked if c.refused] == []
+    assert all(c.stage == "check" for c in checked)  # argparse, the whole resolution and its checks
+    for cell in checked:  # what each cell asked for is what sglang resolves
+        asked = next(c for c in cells if c.cell_id == cell.cell_id).expected
+        assert {k: v for k, v in asked.items() if k in cell.predicted} == {
+            k: cell.predicted[k] for k in asked if k in cell.predicted}, cell.cell_id
+
+
+def test_sglang_picks_fa3_for_kimi_linear_on_an_h200_when_no_backend_is_asked(sglang_python):
+    loaded = load_suite(ROOT / "configs" / "nightly.yaml")
+    matrix = select(expand(loaded.suite), "model=kimi-linear,attention_backend=default,chunked_prefill=default,"
+                                          "wrapper=none,unified_memory=off,radix_cache=on")
+    checked = {c.cell_id: c for c in check_cells(sglang_python, loaded, list(matrix.cells))}
+    default = next(c for c in matrix.cells if c.factors["attention_backend"] == "default")
+    assert checked[default.cell_id].predicted["attention_backend"] == "fa3"
+    assert checked[default.cell_id].predicted["mamba_radix_cache_strategy"] == "extra_buffer"
+
+
+def test_a_cell_sglang_refuses_carries_its_message(sglang_python, tmp_path: Path):
+    """The nightly matrix before this check: two-batch overlap at tp 1 without attention DP."""
+    suite = yaml.safe_load((ROOT / "configs" / "nightly.yaml").read_text())
+    suite["axes"]["wrapper"]["two-batch-overlap"] = ["--enable-two-batch-overlap"]
+    (tmp_path / "nightly.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    loaded = load_suite(tmp_path / "nightly.yaml")
+    matrix = select(expand(loaded.suite), "model=deepseek-v2-lite,attention_backend=triton,wrapper=two-batch-overlap")
+    checked = {c.cell_id: c for c in check_cells(sglang_python, loaded, list(matrix.cells))}
+    refused = [c for c in checked.values() if c.refused]
+    assert len(refused) == 4 and all(c.stage == "check" for c in refused)
+    assert all("two batch overlap without an EP a2a backend" in c.refused and "attention DP" in c.refused
+               for c in refused)
+    assert not checked["deepseek-v2-lite.ab-triton.um-off.rc-on.cp-default.wrapper-none"].refused  # its reference
+
+
+def test_an_unknown_flag_is_refused_at_argparse(sglang_python, tmp_path: Path):
+    (tmp_path / "s.yaml").write_text("suite: s\nengine: sglang\nmodels: [{id: m, path: deepseek-ai/DeepSeek-V2-Lite-Chat, "
+                                     "extra_args: [--no-such-flag]}]\n")
+    loaded = load_suite(tmp_path / "s.yaml")
+    (checked,) = check_cells(sglang_python, loaded, list(expand(loaded.suite).cells))
+    assert checked.stage == "argparse" and "unrecognized arguments: --no-such-flag" in checked.refused
