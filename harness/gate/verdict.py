@@ -72,30 +72,49 @@ def _paired_test(answers: dict[int, bool], other: CellOutcome | None, gate: Gate
     return Status.PASS, paired, reason
 
 
+MIN_SHARED_SHARE = 0.5  # a paired test on fewer shared questions than this share of the cell's proves little
+
+
+def _tests_made(floor: float, reference: CellOutcome | None, history: CellOutcome | None) -> int:
+    return max(1, (floor > 0) + (reference is not None) + (history is not None))
+
+
 def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
-          reference: CellOutcome | None = None, history: CellOutcome | None = None) -> Verdict:
+          reference: CellOutcome | None = None, history: CellOutcome | None = None,
+          reference_problem: str | None = None) -> Verdict:
     """`reference`: the reference cell of this run; `history`: the same cell in the last run of the
-    suite where it passed (same protocol). Each is a paired test on the questions both answered."""
+    suite where it passed (same protocol). Each is a paired test on the questions both answered.
+    `reference_problem`: why the cell's reference cannot vouch for it (it errored, failed, or stopped
+    early); a cell that would pass is then `inconclusive`, since a broken reference proves nothing."""
     early = unmeasured(outcome, gate)
     if early is not None:
         return early
     answers = correctness(outcome.questions, gate.extraction)
     n, correct = len(answers), sum(answers.values())
     low, high = wilson_interval(correct, n)
-    # Bonferroni over cells and over the tests made on each (floor, reference, history).
-    alpha = gate.alpha / max(cells_tested, 1) / (2 if history is not None else 1)
+    # Bonferroni over the cells and over the tests actually made on each (floor, reference, history).
+    alpha = gate.alpha / max(cells_tested, 1) / _tests_made(floor, reference, history)
     reasons = [f"accuracy {correct / n:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
     if outcome.stopped_early:
         reasons.append(outcome.stopped_early)
     status, floor_p, why = _floor_test(correct, n, floor, alpha)
+    # One rule for both paired tests: a drop of at least min_effect is `fail` when significant and
+    # `inconclusive` when not.
     versus_reference, paired, why_reference = _paired_test(answers, reference, gate, alpha, "reference",
                                                            Status.INCONCLUSIVE)
     versus_history, before, why_history = _paired_test(answers, history, gate, alpha, "the last passing run",
-                                                       Status.PASS)
+                                                       Status.INCONCLUSIVE)
     for verdict_part, text in ((status, why), (versus_reference, why_reference), (versus_history, why_history)):
         status = _worse(status, verdict_part)
         if text:
             reasons.append(text)
+    if paired is not None and paired.n < MIN_SHARED_SHARE * n:
+        reference_problem = reference_problem or (f"reference unavailable: only {paired.n} questions shared of "
+                                                  f"the cell's {n}")
+    if reference_problem and status is Status.PASS:
+        status = Status.INCONCLUSIVE
+    if reference_problem:
+        reasons.append(reference_problem)
     return Verdict(status=status, reason="; ".join(reasons), accuracy=correct / n, n=n, correct=correct, ci_low=low,
                    ci_high=high, floor_p=floor_p, mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None, history_p=before.p_drop if before else None)

@@ -109,7 +109,7 @@ class Gating:
         reference = None if reference_missing or cell.reference_cell is None else self._answers.get(cell.reference_cell)
         found = self.history.last_pass(cell.cell_id)
         verdict = judge(outcome, cell.model.floor, self.gate, self.cells_tested, reference,
-                        found[1] if found else None)
+                        found[1] if found else None, self._reference_problem(cell, reference_missing))
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})
@@ -127,6 +127,21 @@ class Gating:
         result = self.sinks.cell(FinishedCell(result, outcome.questions, outcome.server.resolved, log))
         self._results[cell.cell_id] = result
         return result
+
+    def _reference_problem(self, cell: Cell, missing: bool) -> str | None:
+        """Why the cell's reference cannot vouch for it, if it cannot: a cell compared with an
+        errored, failing or early-stopped reference must not pass on that comparison."""
+        if cell.reference_cell is None:
+            return None
+        name, result = cell.reference_cell, self._results.get(cell.reference_cell)
+        if missing or result is None or result.status in (Status.ERROR, Status.SKIPPED):
+            why = result.reason.splitlines()[0][:160] if result is not None else "it produced no answers"
+            return f"reference unavailable: {name} ({why})"
+        if result.status in (Status.FAIL, Status.MISMATCH):
+            return f"reference broken: {name} is {result.status.value}"
+        if result.stopped_early:
+            return f"reference broken: {name} stopped early after {result.n} questions"
+        return None
 
     def extended(self, cell: Cell, more: CellOutcome) -> None:
         """Judge `cell` again on its answers plus `more` (extra questions of the extension)."""

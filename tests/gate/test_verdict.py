@@ -98,3 +98,39 @@ def test_history_pairing_catches_a_drop_that_the_reference_shares():
     verdict = judge(today, floor=0.5, gate=GATE, cells_tested=32, reference=today, history=yesterday)
     assert verdict.status is Status.FAIL and verdict.history_p < 1e-5
     assert "vs the last passing run 0.950" in verdict.reason and "lost 25, gained 0" in verdict.reason
+
+
+# ---- the audit's holes (issue 15): a broken or missing reference never vouches for a cell ----------
+FIVE_POINTS_DOWN = [i % 20 not in (0, 1, 2) for i in range(200)]  # 0.85: 5 points under 0.90
+
+
+def test_a_cell_whose_reference_errored_is_not_a_pass():
+    verdict = judge(outcome(FIVE_POINTS_DOWN), 0.5, GATE, 32, reference=None,
+                    reference_problem="reference unavailable: m.ab-triton (server exited with code 1)")
+    assert verdict.status is Status.INCONCLUSIVE and "reference unavailable" in verdict.reason
+
+
+def test_a_reference_that_stopped_early_shares_too_few_questions_to_vouch():
+    stopped = outcome([True] * 20)  # 20 answers, all right, then stopped
+    verdict = judge(outcome(FIVE_POINTS_DOWN), 0.5, GATE, 32, reference=stopped)
+    assert verdict.status is Status.INCONCLUSIVE and "only 20 questions shared of the cell's 200" in verdict.reason
+
+
+def test_a_drop_against_history_that_is_not_significant_is_inconclusive_like_one_against_the_reference():
+    history = outcome(HEALTHY)
+    drop = list(HEALTHY)
+    for i in range(1, 9):  # 8 losses, 0 gains on 200: a 4-point drop, not significant at alpha/32
+        drop[i] = False
+    verdict = judge(outcome(drop), 0.5, GATE, 32, history=history)
+    assert verdict.history_p is not None and verdict.history_p > GATE.alpha / 32
+    assert verdict.status is Status.INCONCLUSIVE
+
+
+def test_alpha_is_split_over_the_tests_actually_made():
+    """Floor only: the whole per-cell share. Floor, reference and history: a third of it each."""
+    borderline = [i % 100 >= 22 for i in range(200)]  # 0.78 against a floor of 0.85
+    alone = judge(outcome(borderline), 0.85, GATE, 1)
+    assert alone.status is Status.FAIL and f"< {GATE.alpha:.2g}" in alone.reason
+    three = judge(outcome(borderline), 0.85, GATE, 1, reference=outcome(borderline), history=outcome(borderline))
+    assert three.floor_p == alone.floor_p and GATE.alpha / 3 < three.floor_p < GATE.alpha
+    assert three.status is Status.INCONCLUSIVE  # the same evidence, weighed against a third of the alpha
