@@ -360,3 +360,31 @@ axes:
     ran = cells["dsv2.ab-triton.overlap-none"]
     assert ran.status.value == "pass" and ran.predicted["attention_backend"] == "triton"
     assert ran.predicted["disable_radix_cache"] == ran.resolved["disable_radix_cache"]
+
+
+def test_an_older_sglang_that_does_not_report_a_flag_it_lacks_gives_no_false_mismatch(ray_local, tmp_path):
+    """A stand-in sglang built before --enable-unified-memory reports no such key: a cell that did not
+    pass the flag is judged, not `mismatch` (a false regression that would also break bisect)."""
+    import yaml
+
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["unreported_fields"] = ["enable_unified_memory"]
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(world))
+    env = {"PYTHONPATH": f"{FAKE_SGLANG}:{ROOT}", "REGRESS_SIM_WORLD": str(tmp_path / "old.yaml")}
+    suite = tmp_path / "old-build.yaml"
+    suite.write_text(f"""
+suite: old-build
+engine: sglang
+num_questions: 20
+stop_grace_s: 2
+models:
+  - {{id: dsv2, path: deepseek-ai/DeepSeek-V2-Lite-Chat, floor: 0.5, env: {json.dumps(env)}}}
+axes: {{attention_backend: [triton], unified_memory: [off, on]}}
+""")
+    invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking")
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json,
+                                       (only_run(tmp_path / "results") / "cells.jsonl").read_text().splitlines())}
+    assert cells["dsv2.ab-triton.um-off"].status.value == "pass", cells["dsv2.ab-triton.um-off"].reason
+    assert "enable_unified_memory" not in cells["dsv2.ab-triton.um-off"].resolved
+    on = cells["dsv2.ab-triton.um-on"]  # the flag was passed: the server must say it honoured it
+    assert on.status.value == "mismatch" and "enable_unified_memory: requested True, not reported" in on.reason

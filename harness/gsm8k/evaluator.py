@@ -148,24 +148,27 @@ def _openai_sender(client: Any) -> Sender:
 
 async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalSettings) -> QuestionRecord:
     route, body = request_body(plan, prompt, settings.model_name)
-    started = time.perf_counter()
     error: str | None = None
     answer: _Answer | None = None
     attempt = 0
+    latency = 0.0  # of the last attempt: retries and their backoff are counted in `attempts`, not here
     for attempt in range(1, settings.max_attempts + 1):
+        started = time.perf_counter()
         try:
             answer = await send(route, body, plan.endpoint)
+            latency = time.perf_counter() - started
             break
         except _Final as final:
+            latency = time.perf_counter() - started
             error = str(final)
             break
         except _Retryable as retryable:
+            latency = time.perf_counter() - started
             error = f"{retryable} (after {attempt} attempt{'s' * (attempt > 1)})"
             if attempt == settings.max_attempts:
                 break
             backoff = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** (attempt - 1))
             await asyncio.sleep(min(settings.backoff_max_s, retryable.retry_after_s or backoff))
-    latency = time.perf_counter() - started
     if answer is None:
         return QuestionRecord(index=prompt.index, prompt_sha=prompt.sha, gold=prompt.gold, pred=None,
                               correct=False, finish_reason=None, output="", latency_s=latency,

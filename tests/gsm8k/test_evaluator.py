@@ -91,3 +91,22 @@ def test_the_openai_client_path_retries_and_reports(tmp_path, gsm8k):
     score, records = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 5, 0),
                                       replace(FAST_RETRIES, client="openai", max_attempts=2))
     assert score.infra_failures == 5 and all(r.attempts == 2 and "HTTP 503" in r.error for r in records)
+
+
+def test_latency_is_the_answering_attempts_not_the_retries_and_their_backoff(gsm8k):
+    """Seen against a real server: latency_s summed every retry and its backoff."""
+    from harness.gsm8k.evaluator import _Answer, _ask, _Retryable
+
+    calls = []
+
+    async def flaky(route, body, endpoint):
+        calls.append(route)
+        if len(calls) < 3:
+            raise _Retryable("HTTP 503")
+        return _Answer("#### 5", "stop", 3)
+
+    plan = build_plan(gsm8k, "clean", 1, 0)
+    settings = EvalSettings(backoff_initial_s=0.2, backoff_max_s=0.2)
+    record = asyncio.run(_ask(flaky, plan, plan.prompts[0], settings))
+    assert record.attempts == 3 and record.error is None
+    assert record.latency_s < 0.2  # two backoffs of 0.2 s happened; the answer itself took no time
