@@ -78,6 +78,11 @@ def test_small_simulated_run_in_process(ray_local, tmp_path):
         assert abs(child.info.start_time / 1000 - cell.timings.started_at) < 1
         assert abs(child.info.end_time / 1000 - cell.timings.ended_at) < 1
     assert json.loads((run_dir / "run.json").read_text())["tags"] == {"pr": "1234"}
+    from mlflow.tracking import MlflowClient
+
+    experiment = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_experiment_by_name("demo")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens the runs table
+    assert "the cells, lowest accuracy first: http://" in result.output
 
 
 def test_sglang_engine_through_a_fake_sglang_package(ray_local, tmp_path):

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from harness.engine.launch import planned_argv
 from harness.results.records import CellResult, RunInfo, Status, status_counts
+from harness.results.tracking import cells_view_url
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix
 
@@ -93,6 +94,9 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
     elif info.tracking_uri:
         console.print(f"MLflow: {info.tracking_uri} (parent run {info.mlflow_run_id}); "
                       f"open the UI with: {mlflow_ui_command(info.tracking_uri)}")
+        if info.mlflow_experiment_id:
+            ui = info.tracking_uri if info.tracking_uri.startswith("http") else "http://127.0.0.1:5000"
+            console.print(f"  the cells, lowest accuracy first: {cells_view_url(ui, info.mlflow_experiment_id)}")
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:

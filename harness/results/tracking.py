@@ -25,6 +25,17 @@ def _flat(prefix: str, values: dict[str, Any]) -> dict[str, str]:
             for key, value in values.items()}
 
 
+# MLflow 3's UI opens an experiment on its GenAI traces overview unless told this is a runs
+# experiment; with the tag it opens the runs table (cells by name, sortable by accuracy).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
+def cells_view_url(ui: str, experiment_id: str) -> str:
+    """The MLflow UI's runs table filtered to this suite's cell runs, lowest accuracy first."""
+    return (f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?searchFilter=tags.cell_id%20LIKE%20%27%25%27"
+            "&orderByKey=metrics.%60accuracy%60&orderByAsc=true")
+
+
 def _epoch_ms(iso: str | None) -> int | None:
     return int(datetime.fromisoformat(iso).timestamp() * 1000) if iso else None
 
@@ -74,6 +85,8 @@ class Tracker:
         found = self._client.get_experiment_by_name(experiment)
         if found:
             self._experiment_id = found.experiment_id
+            if EXPERIMENT_KIND_TAG not in found.tags:
+                self._client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return
         # A SQLite store would put artifacts in ./mlruns of whatever folder the run starts in; keep
         # them next to the database instead. A tracking server decides for itself.
@@ -81,7 +94,8 @@ class Tracker:
         if self.tracking_uri.startswith("sqlite:///"):
             database = Path(self.tracking_uri.removeprefix("sqlite:///"))
             location = (database.parent / "mlartifacts").resolve().as_uri()
-        self._experiment_id = self._client.create_experiment(experiment, artifact_location=location)
+        self._experiment_id = self._client.create_experiment(experiment, artifact_location=location,
+                                                             tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
 
     def _existing_parent(self, run_id: str) -> Any:
         found = self._client.search_runs([self._experiment_id], filter_string=f"tags.results_run_id = '{run_id}'",
