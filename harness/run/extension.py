@@ -5,6 +5,7 @@ answered (a later cells.jsonl line replaces the earlier one for every reader).""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -13,10 +14,13 @@ from harness.results.records import CellOutcome, Status
 from harness.run.gating import Gating
 from harness.suite.matrix import Cell
 
+if TYPE_CHECKING:
+    from harness.run.pipeline import RunInputs
+
 Schedule = Callable[..., None]  # (cells, plan, on_outcome, label): see pipeline._Schedule.run
 
 
-def extend(inputs, gating: Gating, schedule: Schedule, console: Console) -> None:
+def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     """Extend every inconclusive cell that has answers; no-op when none is, or the protocol has no
     extension (sglang-fewshot, sglang-run-eval: their questions are fixed by sglang's test)."""
     cells = inputs.matrix.by_id()

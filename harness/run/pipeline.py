@@ -189,7 +189,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
         try:
             schedule.run([c for c in inputs.matrix.cells if c.cell_id not in gating.results()])
             if suite.gate.extend_to:
-                extend(inputs, gating, schedule.run, console)
+                extend(inputs, gating, schedule.run)
         except (KeyboardInterrupt, Interrupted):
             interrupted = True
         except _FailFast:
