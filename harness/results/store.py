@@ -1,4 +1,4 @@
-"""The results folder: `results/<run_id>/` exactly as DESIGN.md's contract says.
+"""The results folder: `results/<run_id>/` exactly as docs/results-contract.md says.
 
 Every write goes to a temporary file that is then renamed over the target, so a crash never leaves
 half a line; cells.jsonl is rewritten whole on each append for the same reason (it is small).

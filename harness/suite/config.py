@@ -95,7 +95,7 @@ def _as_str(value: Any) -> str:
 
 
 class Suite(Strict):
-    """A validated suite file (see DESIGN.md, "A suite file")."""
+    """A validated suite file (README, "Suites"; docs/design.md)."""
 
     suite: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     engine: Literal["sim", "sglang"] = "sim"

@@ -15,7 +15,7 @@ from harness.suite.matrix import expand
 NIGHTLY = load_suite("configs/nightly.yaml").suite
 CELLS = expand(NIGHTLY).cells
 
-# Written out independently of harness.suite.matrix, from DESIGN.md's table of axes.
+# Written out independently of harness.suite.matrix, from the README's table of axes.
 AXIS_FLAGS = {
     ("attention_backend", "default"): [],
     ("unified_memory", "on"): ["--enable-unified-memory"], ("unified_memory", "off"): [],
