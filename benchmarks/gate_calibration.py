@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.gate.sequential import EarlyStop  # noqa: E402
+from harness.gate.sequential import EarlyStop, Looks  # noqa: E402
 from harness.gate.verdict import judge  # noqa: E402
 from harness.gsm8k.dataset import load_gsm8k  # noqa: E402
 from harness.gsm8k.evaluator import score  # noqa: E402
@@ -120,6 +120,19 @@ def early_stop(data) -> None:
         decided.append(next(n for n in range(1, 1320) if rule.check(records[:n])))
     print(f"early stop: incident cells decided after {decided} questions (of 1,319: "
           f"{1 - max(decided) / 1319:.0%} of evaluation saved); healthy cells stopped: {healthy_stops} of {cells:,}")
+    # The same cells on a server whose broken answers (junk up to the token limit) come back last.
+    slow_broken = []
+    for backend in ("fa3", "flashinfer", "flashmla"):
+        answers = [w.decide("kimi", p.question, resolved(backend, "on", "on"), True).kind == "right" for p in data.test]
+        arrival = sorted(range(len(answers)), key=lambda i: not answers[i])  # right answers first
+        looks = Looks(EarlyStop(floor=0.85, total=1319))
+        for count, i in enumerate(arrival, start=1):
+            reason = looks.add(QuestionRecord(index=i, prompt_sha="", gold="", pred="", correct=answers[i],
+                                              finish_reason="stop", output="", latency_s=0, output_tokens=0))
+            if reason:
+                slow_broken.append((reason.split(":")[0].removeprefix("stopped early after the first "), count))
+                break
+    print(f"early stop when broken answers come back last: {slow_broken} (look, answers back when it decided)")
 
 
 def main() -> None:

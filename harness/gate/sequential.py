@@ -53,22 +53,65 @@ class EarlyStop:
     total: int
     alpha: float = 0.001
     extraction: str = "flexible"
+    # The plan's question indices in its seeded order; each look tests a prefix of it. Empty: the
+    # indices are the positions (0, 1, 2, ...).
+    order: tuple[int, ...] = ()
     thresholds: tuple[tuple[int, int], ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         if self.floor > 0:
             object.__setattr__(self, "thresholds", stop_thresholds(self.floor, self.total, self.alpha))
 
-    def check(self, records: list[QuestionRecord]) -> str | None:
-        """A reason to stop now, or None. Called after every answer; tests only at the looks."""
-        answered = [r for r in records if r.error is None]
-        limit = dict(self.thresholds).get(len(answered))
-        if limit is None:
+    def question_order(self) -> tuple[int, ...]:
+        return self.order or tuple(range(self.total))
+
+    def test_look(self, n: int, sample: list[QuestionRecord]) -> str | None:
+        """The look at the first n questions of the seeded order (`sample`): a reason to stop, or None."""
+        limit = dict(self.thresholds).get(n)
+        if limit is None or len(sample) != n:
             return None
-        correct = sum(r.correct_strict if self.extraction == "strict" else r.correct for r in answered)
-        if correct <= limit:
-            level = self.alpha / len(self.thresholds)
-            return (f"stopped early after {len(answered)} questions: {correct} correct, below floor {self.floor:.2f} "
-                    f"(at most {limit} of {len(answered)} rejects it at p < {level:.2g}: alpha {self.alpha} split "
-                    f"over {len(self.thresholds)} looks)")
+        correct = sum(r.correct_strict if self.extraction == "strict" else r.correct for r in sample)
+        if correct > limit:
+            return None
+        level = self.alpha / len(self.thresholds)
+        return (f"stopped early after the first {n} answered questions of the seeded order: {correct} correct, below "
+                f"floor {self.floor:.2f} (at most {limit} of {n} rejects it at p < {level:.2g}: alpha "
+                f"{self.alpha} split over {len(self.thresholds)} looks)")
+
+    def check(self, records: list[QuestionRecord]) -> str | None:
+        """A reason to stop, or None, from the records so far in any order (one-off; a running cell
+        uses `Looks`, which does the same work once per look instead of once per answer)."""
+        looks = Looks(self)
+        reasons = [reason for record in records if (reason := looks.add(record))]
+        return reasons[0] if reasons else None
+
+
+class Looks:
+    """The sequential test as answers come in, in any order. Each look tests the first n answered
+    questions of the seeded order, once every question before them is back: a random sample, not
+    the n that came back first (a bug that writes junk up to the token limit answers last, so the
+    first to come back would be the healthy ones). A question that failed in transport is passed
+    over (it is no answer), so it never holds the looks up."""
+
+    def __init__(self, rule: EarlyStop) -> None:
+        self.rule = rule
+        self.order = rule.question_order()
+        self.done: dict[int, QuestionRecord] = {}
+        self.complete = 0  # the first `complete` questions of the order are all back
+        self.answered: list[QuestionRecord] = []  # the answers among them, in the seeded order
+        self.pending = [n for n, _ in rule.thresholds]  # looks not taken yet, smallest first
+
+    def add(self, record: QuestionRecord) -> str | None:
+        """One more result; a reason to stop when a look it completes rejects the floor."""
+        self.done[record.index] = record
+        while self.complete < len(self.order) and self.order[self.complete] in self.done:
+            back = self.done[self.order[self.complete]]
+            if back.error is None:
+                self.answered.append(back)
+            self.complete += 1
+        while self.pending and self.pending[0] <= len(self.answered):
+            n = self.pending.pop(0)
+            reason = self.rule.test_look(n, self.answered[:n])
+            if reason:
+                return reason
         return None

@@ -14,7 +14,7 @@ from harness.engine.launch import LaunchSpec
 from harness.engine.server import ServerProcess
 from harness.engine.verify import mismatches
 from harness.errors import ErrorKind, ServerError
-from harness.gate.sequential import EarlyStop
+from harness.gate.sequential import EarlyStop, Looks
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import ProtocolPlan
 from harness.results.records import CellError, CellOutcome, QuestionRecord, ServerInfo, Timings
@@ -48,7 +48,8 @@ class _Watch:
     """Progress and early-stop bookkeeping for one evaluation."""
 
     def __init__(self, early_stop: EarlyStop | None) -> None:
-        self.early_stop = early_stop
+        self.looks = Looks(early_stop) if early_stop else None
+        self.seen = 0
         self.last_progress = time.monotonic()
         self.stop_reason: str | None = None
 
@@ -56,10 +57,15 @@ class _Watch:
         self.last_progress = time.monotonic()
 
     def should_stop(self, records: list[QuestionRecord]) -> bool:
-        reason = self.early_stop.check(records) if self.early_stop else None
-        if reason:
-            self.stop_reason = reason
-        return reason is not None
+        if self.looks is None:
+            return False
+        new, self.seen = records[self.seen:], len(records)  # the evaluator appends: only these are new
+        for record in new:
+            reason = self.looks.add(record)
+            if reason:
+                self.stop_reason = reason
+                return True
+        return False
 
 
 async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info: ServerInfo,

@@ -104,7 +104,7 @@ class CellJobs:
         early_stop = None
         if suite.gate.early_stop_alpha > 0:
             early_stop = EarlyStop(cell.model.floor, len(self.inputs.plan.prompts), suite.gate.early_stop_alpha,
-                                   suite.gate.extraction)
+                                   suite.gate.extraction, order=tuple(p.index for p in self.inputs.plan.prompts))
         return CellJob(spec=spec, settings=settings, queued_at=self.queued_at[cell.cell_id],
                        stall_timeout_s=suite.stall_timeout_s, early_stop=early_stop)
 
