@@ -13,7 +13,6 @@ its `cells.jsonl` artifact (the verdicts, written when the run closes) and each 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -69,11 +68,10 @@ class MlflowArchive:
     """Runs an MLflow tracking store holds (one experiment per suite)."""
 
     def __init__(self, tracking_uri: str) -> None:
-        from mlflow.tracking import MlflowClient
+        from harness.results.tracking import mlflow_client
 
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = mlflow_client(tracking_uri)
         self.error: str | None = None  # why the store could not be read, when it could not
         self._parents: dict[str, Any] = {}  # results run id -> MLflow parent run
         self._cells: dict[str, list[CellResult]] = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.gsm8k.evaluator import score
-from harness.results.records import CellOutcome, RunInfo
+from harness.results.records import CellOutcome, QuestionRecord, RunInfo
 from harness.results.store import ResultsStore
 
 
@@ -34,9 +34,13 @@ def resolve_run(results_dir: Path, name: str) -> ResultsStore:
     return ResultsStore.existing(results_dir, name)
 
 
-def stored_outcome(store: ResultsStore, cell_id: str, args: list[str] | None = None) -> CellOutcome | None:
-    """A cell's answers in a finished run, as an outcome the gate can pair with (None: no answers)."""
-    records = store.read_questions(cell_id)
+def answers_outcome(cell_id: str, records: list[QuestionRecord], args: list[str] | None = None) -> CellOutcome | None:
+    """A cell's answers from a finished run, as an outcome the gate can pair with (None: no answers)."""
     if not records:
         return None
     return CellOutcome(cell_id=cell_id, args=args or [], score=score(records, 0.0), questions=records)
+
+
+def stored_outcome(store: ResultsStore, cell_id: str, args: list[str] | None = None) -> CellOutcome | None:
+    """`answers_outcome` of the cell's questions in a results folder."""
+    return answers_outcome(cell_id, store.read_questions(cell_id), args)

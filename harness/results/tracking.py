@@ -36,6 +36,16 @@ def cells_view_url(ui: str, experiment_id: str) -> str:
             "&orderByKey=metrics.%60accuracy%60&orderByAsc=true")
 
 
+def mlflow_client(tracking_uri: str) -> Any:
+    """An MlflowClient that gives up on an unreachable server after a few seconds, not minutes
+    (MLflow's own defaults retry for a long time; a run must not wait on its tracking store)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
 def _epoch_ms(iso: str | None) -> int | None:
     return int(datetime.fromisoformat(iso).timestamp() * 1000) if iso else None
 
@@ -77,11 +87,7 @@ class Tracker:
             return None
 
     def _connect(self, experiment: str) -> None:
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-        from mlflow.tracking import MlflowClient
-
-        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._client = mlflow_client(self.tracking_uri)
         found = self._client.get_experiment_by_name(experiment)
         if found:
             self._experiment_id = found.experiment_id

@@ -8,8 +8,8 @@ that failed or was not selected last night: its last good answers are still the 
 
 from __future__ import annotations
 
-from harness.gsm8k.evaluator import score
 from harness.results.archive import RunArchive
+from harness.results.catalog import answers_outcome
 from harness.results.records import CellOutcome, CellResult, RunInfo, Status
 
 MAX_RUNS_SEARCHED = 30
@@ -48,7 +48,7 @@ class History:
             result = self._results(run).get(cell_id)
             if result is None or result.status is not Status.PASS:
                 continue
-            records = self.archive.questions(run.run_id, cell_id)
-            if records:
-                return run.run_id, CellOutcome(cell_id=cell_id, args=[], score=score(records, 0.0), questions=records)
+            outcome = answers_outcome(cell_id, self.archive.questions(run.run_id, cell_id))
+            if outcome is not None:
+                return run.run_id, outcome
         return None
