@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.engine.server import free_port
+from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url
 from tests.helpers import INCIDENT_WORLD
 from tests.test_run_end_to_end import children_of
 
@@ -111,7 +113,18 @@ def test_runs_on_a_tracking_server_then_it_goes_down_and_sync_completes(ray_loca
         stop_server(server)
 
 
+def ui_dom(url: str) -> str:
+    """The MLflow UI's page at `url` as headless Chromium renders it (its script run, its API calls
+    answered), wide enough that the runs table renders every column it was asked for."""
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is missing: `make test` installs it (apt-get install chromium)"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=2600,1400", "--virtual-time-budget=30000"]
+    done = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    return done.stdout
+
+
 @pytest.mark.slow
+@pytest.mark.browser
 def test_two_nights_on_clean_runners_share_their_history_through_the_tracking_server(ray_local, tmp_path):
     """CI runners start with an empty results/ every night: the second night pairs every cell with
     the first through MLflow alone, and compare and the dashboard read both nights from it."""
@@ -145,5 +158,20 @@ def test_two_nights_on_clean_runners_share_their_history_through_the_tracking_se
         html = page.read_text()
         assert first_run in html and next((tmp_path / "runner-2").glob("demo-*")).name in html
         assert 'id="history-plot"' in html and "deepseek-v2-lite.ab-fa3.um-on.rc-on" in html
+
+        # The links a run prints open MLflow's own runs table with the columns people compare.
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("demo")
+        parents = [r for r in client.search_runs([experiment.experiment_id]) if "results_run_id" in r.data.tags]
+        assert {p.info.status for p in parents} == {"FINISHED"} and len(parents) == 2
+        cells_page = ui_dom(cells_view_url(uri, experiment.experiment_id))
+        for column in ("accuracy", "ci_low", "ci_high", "n", "mcnemar_p", "history_p", "attention_backend",
+                       "unified_memory", "status"):
+            assert f">{column}<" in cells_page, column
+        assert cells_page.count("deepseek-v2-lite.ab-fa3.um-on.rc-on") >= 2  # the cell on both nights
+        nights_page = ui_dom(view_url(uri, experiment.experiment_id, NIGHTS_VIEW))
+        for column in ("verdict", "cells_pass", "sglang_version"):
+            assert f">{column}<" in nights_page, column
+        assert first_run in nights_page and ">pass<" in nights_page
     finally:
         stop_server(server)

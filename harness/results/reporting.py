@@ -12,7 +12,7 @@ from rich.table import Table
 
 from harness.engine.launch import planned_argv
 from harness.results.records import CellResult, RunInfo, Status, status_counts
-from harness.results.tracking import cells_view_url
+from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix
 
@@ -97,6 +97,7 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
         if info.mlflow_experiment_id:
             ui = info.tracking_uri if info.tracking_uri.startswith("http") else "http://127.0.0.1:5000"
             console.print(f"  the cells, lowest accuracy first: {cells_view_url(ui, info.mlflow_experiment_id)}")
+            console.print(f"  the suite's runs, newest first: {view_url(ui, info.mlflow_experiment_id, NIGHTS_VIEW)}")
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:

@@ -30,10 +30,38 @@ def _flat(prefix: str, values: dict[str, Any]) -> dict[str, str]:
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
+# Views of the runs table that the UI opens from a link (`?viewStateShareKey=KEY`): MLflow keeps
+# column choices in the browser, so without them a newcomer sees no metric column at all. A view
+# is an experiment tag holding the UI's own view state (JSON), as its "Share" button writes it.
+SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+CELLS_VIEW, NIGHTS_VIEW = "regress-cells", "regress-runs"
+CELL_METRIC_COLUMNS = ("accuracy", "ci_low", "ci_high", "n", "invalid_rate", "mcnemar_p", "history_p", "eval_s")
+RUN_METRIC_COLUMNS = ("cells_fail", "cells_inconclusive", "cells_error", "cells_mismatch", "cells_pass")
+
+
+def shared_views(factors: list[str]) -> dict[str, dict[str, Any]]:
+    """The view states of the two links a run prints: its cells, lowest accuracy first, with their
+    metrics, factors and verdict as columns; and the suite's runs, newest first, with their verdicts."""
+    cells = {"searchFilter": "tags.cell_id LIKE '%'", "orderByKey": "metrics.`accuracy`", "orderByAsc": True,
+             "selectedColumns": [*(f"metrics.`{m}`" for m in CELL_METRIC_COLUMNS), "params.`model`",
+                                 *(f"params.`{f}`" for f in factors), "tags.`status`"],
+             "runsHiddenMode": "SHOW_ALL"}
+    nights = {"searchFilter": "tags.results_run_id LIKE '%'", "orderByKey": "attributes.start_time",
+              "orderByAsc": False,
+              "selectedColumns": [*(f"metrics.`{m}`" for m in RUN_METRIC_COLUMNS), "tags.`verdict`",
+                                  "tags.`trigger`", "tags.`sglang_version`", "tags.`attribution`"],
+              "runsHiddenMode": "SHOW_ALL"}
+    return {CELLS_VIEW: cells, NIGHTS_VIEW: nights}
+
+
+def view_url(ui: str, experiment_id: str, view: str) -> str:
+    """The MLflow UI's runs table of `experiment_id` in one of the `shared_views`."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={view}"
+
+
 def cells_view_url(ui: str, experiment_id: str) -> str:
-    """The MLflow UI's runs table filtered to this suite's cell runs, lowest accuracy first."""
-    return (f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?searchFilter=tags.cell_id%20LIKE%20%27%25%27"
-            "&orderByKey=metrics.%60accuracy%60&orderByAsc=true")
+    """The runs table of this suite's cells, lowest accuracy first, metrics and factors as columns."""
+    return view_url(ui, experiment_id, CELLS_VIEW)
 
 
 def mlflow_client(tracking_uri: str) -> Any:
@@ -65,6 +93,7 @@ class Tracker:
         self._experiment_id: str | None = None
         self._client: Any = None
         self._children: dict[str, str] = {}  # cell id -> child run id already in the store
+        self._views_written = False
 
     def logged_cells(self) -> set[str]:
         """Cell ids already logged under the parent run (found again on a resume or sync)."""
@@ -102,6 +131,14 @@ class Tracker:
             location = (database.parent / "mlartifacts").resolve().as_uri()
         self._experiment_id = self._client.create_experiment(experiment, artifact_location=location,
                                                              tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+
+    def _write_views(self, factors: list[str]) -> None:
+        """The experiment's shared views (`shared_views`), rewritten by each run: a suite that gains
+        an axis gets its column."""
+        for name, state in shared_views(factors).items():
+            self._call("writing the UI's views", self._client.set_experiment_tag, self._experiment_id,
+                       SHARED_VIEW_TAG_PREFIX + name, json.dumps(state))
+        self._views_written = True
 
     def _existing_parent(self, run_id: str) -> Any:
         found = self._client.search_runs([self._experiment_id], filter_string=f"tags.results_run_id = '{run_id}'",
@@ -178,13 +215,15 @@ class Tracker:
         if run is None:
             return None
         run_id = run.info.run_id
+        if not self._views_written:
+            self._write_views(list(result.factors))
         params = {"model": result.model, **result.factors, "protocol_fingerprint": result.protocol_fingerprint,
                   "reference_cell": result.reference_cell or "", "threshold": result.threshold,
                   **_flat("resolved.", result.resolved)}
         metrics = {"accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,
                    "n": result.n, "correct": result.correct, "invalid_rate": result.invalid_rate,
                    "truncated_rate": result.truncated_rate, "agreement": result.agreement,
-                   "mcnemar_p": result.mcnemar_p, "floor_p": result.floor_p,
+                   "mcnemar_p": result.mcnemar_p, "floor_p": result.floor_p, "history_p": result.history_p,
                    "startup_s": result.timings.startup_s, "eval_s": result.timings.eval_s,
                    "total_s": result.timings.total_s, "queued_s": result.timings.queued_s,
                    "requests_per_s": result.throughput.requests_per_s,
