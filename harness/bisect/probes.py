@@ -10,7 +10,8 @@ from rich.table import Table
 
 from harness.bisect.search import BisectResult, bisect_commits
 from harness.errors import ConfigError, ProbeError
-from harness.gate.verdict import judge
+from harness.gate.budget import Budget
+from harness.gate.verdict import Stage, judge
 from harness.gsm8k.dataset import load_gsm8k
 from harness.gsm8k.protocol import build_plan
 from harness.results.records import CellOutcome, Status
@@ -75,7 +76,9 @@ def run_bisect(suite_path: Path, cell_id: str, good: str, bad: str, repo: Path |
         return outcome
 
     def judge_probe(outcome: CellOutcome, reference: CellOutcome) -> tuple[bool, str, float | None]:
-        verdict = judge(outcome, cells[cell_id].model.floor, spec.gate, 1, reference)
+        # The good commit's answers are the same cell's, as a history run's: any significant drop counts.
+        stage = Stage(alpha=Budget(spec.gate.alpha, 1, early_stop_share=0.0).stage(1))
+        verdict = judge(outcome, cells[cell_id].model.floor, spec.gate, stage, history=reference)
         if verdict.status is Status.ERROR:
             raise ProbeError(f"a probe could not be measured: {verdict.reason}")
         return verdict.status is Status.FAIL, verdict.reason, verdict.accuracy

@@ -43,7 +43,7 @@ def plan(suite: SuiteArg, selection: SelectOpt = None,
 
 
 def _run_inputs(suite: Path, selection: str | None, cells_file: Path | None, num_questions: int | None,
-                gsm8k_path: Path | None) -> RunInputs:
+                gsm8k_path: Path | None, extend_to: int | None = None) -> RunInputs:
     """Everything `run` checks before it starts Ray: suite, selection, world, data and protocol."""
     from harness.gsm8k.dataset import load_gsm8k
     from harness.gsm8k.protocol import build_plan
@@ -51,10 +51,14 @@ def _run_inputs(suite: Path, selection: str | None, cells_file: Path | None, num
     from harness.sim.world import load_world
 
     at_least_one("--num-questions", num_questions)
+    if extend_to is not None and extend_to < 0:
+        raise ConfigError(f"--extend-to: must be 0 (no extension) or a number of questions (got {extend_to})")
     loaded, matrix = load_matrix(suite, selection)
     if cells_file is not None:
         matrix = select_listed(matrix, cells_file)
-    updates = {} if num_questions is None else {"num_questions": num_questions}
+    updates: dict = {} if num_questions is None else {"num_questions": num_questions}
+    if extend_to is not None or num_questions is not None:  # --num-questions alone: a quick look, not extended
+        updates["gate"] = loaded.suite.gate.model_copy(update={"extend_to": extend_to or None})
     loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
     spec = loaded.suite
     if spec.engine == "sim":
@@ -75,7 +79,11 @@ def run(
     no_tracking: Annotated[bool, typer.Option("--no-tracking", help="Do not log to MLflow.")] = False,
     ray_address: Annotated[str | None, typer.Option(
         help="Ray cluster address (default: the suite's cluster.address, else a new local Ray).")] = None,
-    num_questions: Annotated[int | None, typer.Option(help="Questions per cell (overrides the suite).")] = None,
+    num_questions: Annotated[int | None, typer.Option(
+        help="Questions per cell (overrides the suite); a quick look: undecided cells are not extended "
+             "unless --extend-to says so.")] = None,
+    extend_to: Annotated[int | None, typer.Option(
+        help="Ask undecided cells more questions, up to this many in all (overrides gate.extend_to; 0: never).")] = None,
     gsm8k_path: Annotated[Path | None, typer.Option(
         help="Folder with GSM8K test.jsonl and train.jsonl (else the suite's dataset.path, REGRESS_GSM8K_PATH, "
              "then the Hugging Face hub).")] = None,
@@ -93,14 +101,14 @@ def run(
 ) -> None:
     """Run every cell of a suite on Ray, gate it, and write results/ and MLflow.
 
-    Example: `regress run configs/demo.yaml` (the incident demo: 32 cells, 6 fail, exit 1).
+    Example: `regress run configs/demo.yaml` (the incident demo: 32 cells, 3 fail, exit 1).
     """
     from harness.results.store import ResultsStore
     from harness.results.tracking import default_tracking_uri
     from harness.run.pipeline import RunOptions, run_suite
     from harness.run.ray.cluster import check_fits, expand_auto, ray_cluster, sglang_check
 
-    inputs = _run_inputs(suite, selection, cells_file, num_questions, gsm8k_path)
+    inputs = _run_inputs(suite, selection, cells_file, num_questions, gsm8k_path, extend_to)
     options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
                          retry_errors=retry_errors, fail_fast=fail_fast, tags=parse_tags(tag or []),
                          tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))

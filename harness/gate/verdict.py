@@ -2,19 +2,43 @@
 
 - `error`: the server or transport failed (never a score), or too many questions failed in transport.
 - `mismatch`: the server resolved another configuration than the cell's label.
-- `fail`: accuracy is significantly below the model's floor (exact binomial), or significantly
-  below the reference cell on the same questions (exact McNemar) by at least `min_effect`.
-- `inconclusive`: it looks below the floor, or down by `min_effect`, but not significantly.
-- `pass`: otherwise.
-Significance is Bonferroni-corrected over the cells tested, so a healthy night stays green.
+- `fail`: a test rejected at its share of the run's budget (harness.gate.budget): accuracy on the
+  test split below the model's floor (exact binomial); a drop against the reference cell beyond
+  `gate.tolerance` (paired, on the same questions); a drop against the cell's own last passing run
+  or the pinned run (exact McNemar); or the early-stop test stopped the cell.
+- `pass`: no test rejected, and none leaves a harmful drop open (see `judge`).
+- `inconclusive`: no test rejected, but one leaves it open: extended when the suite can, else final.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from harness.errors import ErrorKind
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
+from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
 from harness.results.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
+
+MIN_SHARED_SHARE = 0.5  # a paired test on fewer shared questions than this share of the cell's proves little
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One judgement of a cell: the alpha for all its tests at this stage, whether an undecided
+    cell can still be extended (then a pass needs confidence, not only a small estimate), and
+    whether the floor is tested again (stage 2 only when the extension added test questions: on
+    the same answers, stage 1's floor test stands and spends nothing more)."""
+
+    alpha: float
+    extensible: bool = False
+    floor_tested: bool = True
+
+
+@dataclass(frozen=True)
+class _Part:
+    status: Status
+    reason: str | None = None
 
 
 def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, bool]:
@@ -47,67 +71,82 @@ def _worse(status: Status, other: Status) -> Status:
     return max(status, other, key=order.index)
 
 
-def _floor_test(correct: int, n: int, floor: float, alpha: float) -> tuple[Status, float, str | None]:
-    floor_p = below_floor_p(correct, n, floor)
-    if floor > 0 and floor_p < alpha:
-        return Status.FAIL, floor_p, f"below floor {floor:.2f} (p={floor_p:.2g} < {alpha:.2g})"
+def _floor_part(test_answers: dict[int, bool], floor: float, alpha: float, tested: bool) -> tuple[_Part, float | None]:
+    """The floor test on test-split questions only (train questions of an extension are another
+    population; the floor is the model's accuracy on the protocol's test questions)."""
+    n, correct = len(test_answers), sum(test_answers.values())
+    if floor <= 0 or n == 0:
+        return _Part(Status.PASS), None
+    p = below_floor_p(correct, n, floor)
+    if tested and p < alpha:
+        return _Part(Status.FAIL, f"below floor {floor:.2f} on {n} test questions (p={p:.2g} < {alpha:.2g})"), p
     if correct / n < floor:
-        return Status.INCONCLUSIVE, floor_p, f"under floor {floor:.2f} but not significantly (p={floor_p:.2g})"
-    return Status.PASS, floor_p, None
+        return _Part(Status.INCONCLUSIVE, f"under floor {floor:.2f} on {n} test questions but not "
+                                          f"significantly (p={p:.2g})"), p
+    return _Part(Status.PASS), p
 
 
-def _paired_test(answers: dict[int, bool], other: CellOutcome | None, gate: GateSpec, alpha: float, label: str,
-                 undecided_drop: Status) -> tuple[Status, Paired | None, str | None]:
-    """Against `other` on the questions both answered: `fail` for a significant drop of at least
-    `min_effect`; `undecided_drop` for such a drop that is not significant."""
-    if other is None or other.score is None or other.error is not None:
-        return Status.PASS, None, None
-    paired = paired_comparison(answers, correctness(other.questions, gate.extraction))
-    if paired is None:
-        return Status.PASS, None, None
-    reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared: "
-              f"lost {paired.losses}, gained {paired.gains}, McNemar p={paired.p_drop:.2g}")
-    if paired.drop >= gate.min_effect:
-        return (Status.FAIL if paired.p_drop < alpha else undecided_drop), paired, reason
-    return Status.PASS, paired, reason
+def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, stage: Stage) -> _Part:
+    """`fail` when the drop beyond the test's margin is significant. Otherwise `pass` when the drop
+    is shown to be under `min_effect` (its upper bound at `pass_confidence`, while the cell can still
+    be extended; its estimate, at the last stage), else `inconclusive`."""
+    null = f"drop > {paired.margin * 100:.3g} pts" if paired.margin else "a drop"
+    reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared: lost {paired.losses}, "
+              f"gained {paired.gains}, p({null})={paired.p_drop:.2g}")
+    if paired.p_drop < alpha:
+        return _Part(Status.FAIL, reason + f" < {alpha:.2g}")
+    upper = paired.drop_upper(gate.pass_confidence)
+    shown_small = upper < gate.min_effect if stage.extensible else paired.drop < gate.min_effect
+    if shown_small:
+        return _Part(Status.PASS, reason)
+    how = (f"{gate.pass_confidence:.0%} upper bound of the drop {upper * 100:.1f} pts" if stage.extensible
+           else f"a drop of {paired.drop * 100:.1f} pts")
+    return _Part(Status.INCONCLUSIVE, reason + f"; {how} not under min_effect {gate.min_effect * 100:.3g} pts")
 
 
-MIN_SHARED_SHARE = 0.5  # a paired test on fewer shared questions than this share of the cell's proves little
-
-
-def _tests_made(floor: float, reference: CellOutcome | None, history: CellOutcome | None) -> int:
-    return max(1, (floor > 0) + (reference is not None) + (history is not None))
-
-
-def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
+def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: CellOutcome | None = None,
-          reference_problem: str | None = None) -> Verdict:
-    """`reference`: the reference cell of this run; `history`: the same cell in the last run of the
-    suite where it passed (same protocol). Each is a paired test on the questions both answered.
-    `reference_problem`: why the cell's reference cannot vouch for it (it errored, failed, or stopped
-    early); a cell that would pass is then `inconclusive`, since a broken reference proves nothing."""
+          pinned: CellOutcome | None = None, reference_problem: str | None = None) -> Verdict:
+    """`reference`: the reference cell of this run (null hypothesis: drop <= gate.tolerance);
+    `history`: the same cell in the last run of the suite where it passed; `pinned`: the same cell
+    in the suite's pinned run (both: no drop). Each is a paired test on the questions both answered;
+    the stage's alpha is split evenly over the tests made. `reference_problem`: why the reference
+    cannot vouch for the cell (it errored, failed, or stopped early): a cell that would pass is then
+    `inconclusive`, since a broken reference proves nothing.
+
+    Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
     early = unmeasured(outcome, gate)
     if early is not None:
         return early
     answers = correctness(outcome.questions, gate.extraction)
+    test_answers = {i: ok for i, ok in answers.items() if i < EXTENSION_INDEX_OFFSET}
     n, correct = len(answers), sum(answers.values())
     low, high = wilson_interval(correct, n)
-    # Bonferroni over the cells and over the tests actually made on each (floor, reference, history).
-    alpha = gate.alpha / max(cells_tested, 1) / _tests_made(floor, reference, history)
+    comparisons = [(label, paired_comparison(answers, correctness(other.questions, gate.extraction), margin))
+                   for label, other, margin in (("reference", reference, gate.tolerance),
+                                                ("the last passing run", history, 0.0),
+                                                ("the pinned run", pinned, 0.0))
+                   if other is not None and other.score is not None and other.error is None]
+    floor_tested = stage.floor_tested and floor > 0 and bool(test_answers)
+    tests = floor_tested + sum(paired is not None for _, paired in comparisons)
+    alpha = stage.alpha / max(tests, 1)
     reasons = [f"accuracy {correct / n:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
-    if outcome.stopped_early:
+    status = Status.PASS
+    if outcome.stopped_early:  # the sequential test rejected the floor, at its own share of the budget
+        status = Status.FAIL
         reasons.append(outcome.stopped_early)
-    status, floor_p, why = _floor_test(correct, n, floor, alpha)
-    # One rule for both paired tests: a drop of at least min_effect is `fail` when significant and
-    # `inconclusive` when not.
-    versus_reference, paired, why_reference = _paired_test(answers, reference, gate, alpha, "reference",
-                                                           Status.INCONCLUSIVE)
-    versus_history, before, why_history = _paired_test(answers, history, gate, alpha, "the last passing run",
-                                                       Status.INCONCLUSIVE)
-    for verdict_part, text in ((status, why), (versus_reference, why_reference), (versus_history, why_history)):
-        status = _worse(status, verdict_part)
-        if text:
-            reasons.append(text)
+    floor_part, floor_p = _floor_part(test_answers, floor, alpha, floor_tested)
+    parts = [floor_part]
+    found: dict[str, Paired] = {}
+    for label, paired in comparisons:
+        if paired is not None:
+            found[label] = paired
+            parts.append(_paired_part(paired, label, gate, alpha, stage))
+    for part in parts:
+        status = _worse(status, part.status)
+        if part.reason:
+            reasons.append(part.reason)
+    paired = found.get("reference")
     if paired is not None and paired.n < MIN_SHARED_SHARE * n:
         reference_problem = reference_problem or (f"reference unavailable: only {paired.n} questions shared of "
                                                   f"the cell's {n}")
@@ -115,6 +154,9 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, cells_tested: int,
         status = Status.INCONCLUSIVE
     if reference_problem:
         reasons.append(reference_problem)
+    history_paired, pinned_paired = found.get("the last passing run"), found.get("the pinned run")
     return Verdict(status=status, reason="; ".join(reasons), accuracy=correct / n, n=n, correct=correct, ci_low=low,
                    ci_high=high, floor_p=floor_p, mcnemar_p=paired.p_drop if paired else None,
-                   agreement=paired.agreement if paired else None, history_p=before.p_drop if before else None)
+                   agreement=paired.agreement if paired else None,
+                   history_p=history_paired.p_drop if history_paired else None,
+                   pinned_p=pinned_paired.p_drop if pinned_paired else None)

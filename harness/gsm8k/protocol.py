@@ -194,20 +194,30 @@ EXTENSION_INDEX_OFFSET = 100_000  # train question i is recorded as index 100000
 
 
 def extension_plan(data: Gsm8k, plan: ProtocolPlan, count: int) -> ProtocolPlan | None:
-    """More questions for undecided cells: train questions that are not shots, in seeded order,
-    with the plan's template. None when the protocol has no clean extension (sglang-fewshot)."""
-    if plan.name in ("sglang-fewshot", "sglang-run-eval") or count <= 0:
+    """More questions for undecided cells, with the plan's template: first the test questions the
+    plan did not ask (continuing its seeded order), then train questions that are not shots, in
+    seeded order (recorded as EXTENSION_INDEX_OFFSET + i). None when the protocol has no clean
+    extension (sglang-fewshot, sglang-run-eval: their questions are fixed by sglang's test)."""
+    if not can_extend(plan) or count <= 0:
         return None
+    asked = {p.index for p in plan.prompts}
+    unasked_test = [i for i in _question_order(len(data.test), None, plan.seed) if i not in asked]
     pool = [i for i in range(len(data.train)) if i not in set(plan.shot_indices)]
     random.Random(plan.seed + 1).shuffle(pool)
-    chosen = pool[:count]
+    chosen = [(i, data.test[i]) for i in unasked_test[:count]]
+    chosen += [(EXTENSION_INDEX_OFFSET + i, data.train[i]) for i in pool[:count - len(chosen)]]
     if plan.name == "clean":
         prefix = "".join(_clean_example(data.train[i]) for i in plan.shot_indices)
-        prompts = [Prompt(EXTENSION_INDEX_OFFSET + i, data.train[i].gold,
-                          prefix + f"Question: {data.train[i].question}\nAnswer:") for i in chosen]
+        prompts = [Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:")
+                   for index, problem in chosen]
     else:
         turns = plan.prompts[0].messages[:-1] if plan.prompts and plan.prompts[0].messages else ()
-        prompts = [Prompt(EXTENSION_INDEX_OFFSET + i, data.train[i].gold,
-                          messages=(*turns, ("user", f"Question: {data.train[i].question}"))) for i in chosen]
+        prompts = [Prompt(index, problem.gold, messages=(*turns, ("user", f"Question: {problem.question}")))
+                   for index, problem in chosen]
     return ProtocolPlan(plan.name, plan.endpoint, tuple(prompts), plan.stop, plan.max_tokens, plan.temperature,
                         plan.shot_indices, plan.seed, plan.dataset_sha256, plan.fingerprint + "+ext")
+
+
+def can_extend(plan: ProtocolPlan) -> bool:
+    """Whether undecided cells of this protocol can be asked more questions (`extension_plan`)."""
+    return plan.name not in ("sglang-fewshot", "sglang-run-eval")

@@ -156,6 +156,7 @@ class Verdict(Record):
     mcnemar_p: float | None = None
     agreement: float | None = None
     history_p: float | None = None
+    pinned_p: float | None = None  # against the suite's pinned run (gate.pinned_run)
     error_kind: ErrorKind | None = None  # set when status is `error`
 
 

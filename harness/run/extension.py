@@ -1,6 +1,7 @@
-"""Asking undecided cells more questions: `inconclusive` cells (and their references) get train
-questions (never the shots) up to `gate.extend_to` in all, and are judged again on everything they
-answered (a later cells.jsonl line replaces the earlier one for every reader)."""
+"""Stage 2 of the gate: undecided cells (and their references) are asked more questions up to
+`gate.extend_to` in all (the test questions not asked yet, then train questions, never the shots)
+and judged again on everything they answered, at the budget's stage-2 share (a later cells.jsonl
+line replaces the earlier one for every reader). Early stop does not look at the extension."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from harness.gsm8k.protocol import ProtocolPlan, extension_plan
-from harness.results.records import CellOutcome, Status
+from harness.results.records import CellOutcome
 from harness.run.gating import Gating
 from harness.suite.matrix import Cell
 
@@ -24,8 +25,7 @@ def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     """Extend every inconclusive cell that has answers; no-op when none is, or the protocol has no
     extension (sglang-fewshot, sglang-run-eval: their questions are fixed by sglang's test)."""
     cells = inputs.matrix.by_id()
-    undecided = [cells[cell_id] for cell_id, result in gating.results().items()
-                 if result.status is Status.INCONCLUSIVE and cell_id in cells and gating.answers(cell_id)]
+    undecided = [cells[cell_id] for cell_id in gating.results() if cell_id in cells and gating.extensible(cell_id)]
     if not undecided:
         return
     plan: ProtocolPlan = inputs.plan

@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.engine.server import read_server_info
 from harness.errors import ConfigError, InfraError, ServerError
-from harness.gate.verdict import judge
+from harness.gate.budget import Budget
+from harness.gate.verdict import Stage, judge
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.evaluator import Progress as EvalProgress
@@ -121,7 +122,8 @@ def _not_found_hint(outcome: CellOutcome, plan: ProtocolPlan) -> str:
 
 
 def _verdict(outcome: CellOutcome, plan: ProtocolPlan, floor: float, gate: GateSpec) -> Verdict:
-    verdict = judge(outcome, floor, gate, cells_tested=1)
+    # One server, no extension: the whole budget, less early stop's share (eval has none), on its floor.
+    verdict = judge(outcome, floor, gate, Stage(alpha=Budget(gate.alpha, 1, early_stop_share=0.0).stage(1)))
     if verdict.status is Status.ERROR:
         return verdict.model_copy(update={"reason": verdict.reason + _not_found_hint(outcome, plan)})
     if floor <= 0 and verdict.status is Status.PASS:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.engine.verify import resolved_subset
-from harness.gate.verdict import judge
+from harness.gate.budget import Budget
+from harness.gate.verdict import Stage, judge
 from harness.gsm8k.evaluator import score
+from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
 from harness.results.records import CellOutcome, CellResult, Status, Throughput, Verdict
 from harness.results.sinks import FinishedCell, Sinks
 from harness.run.history import History
@@ -60,17 +62,19 @@ def prediction_misses(predicted: dict, resolved: dict) -> list[str]:
 class Gating:
     """The verdicts of one run, made as cells finish and written through `sinks`."""
 
-    def __init__(self, gate: GateSpec, cells_tested: int, fingerprint: str, history: History, sinks: Sinks,
+    def __init__(self, gate: GateSpec, budget: Budget, fingerprint: str, history: History, sinks: Sinks,
                  predicted: dict[str, dict] | None = None) -> None:
         self.gate = gate
         self.predicted = predicted or {}
-        self.cells_tested = cells_tested
+        self.budget = budget  # extension_share > 0: undecided cells are extended (stage 2)
         self.fingerprint = fingerprint
         self.history = history
         self.sinks = sinks
         self._answers: dict[str, CellOutcome] = {}  # cells judged on answers: references, extension
         self._waiting: dict[str, list[_Waiting]] = {}  # reference cell id -> cells waiting for it
         self._results: dict[str, CellResult] = {}
+        self._stage: dict[str, int] = {}  # cell id -> the stage of its latest judgement
+        self._floor_grew: set[str] = set()  # extended cells whose extension added test questions
 
     # ---- reading ---------------------------------------------------------------------------------
     def results(self) -> dict[str, CellResult]:
@@ -101,15 +105,21 @@ class Gating:
             self.judge(waiting.cell, waiting.outcome, waiting.log)
 
     def judge(self, cell: Cell, outcome: CellOutcome, log: str, reference_missing: bool = False,
-              note: str = "") -> CellResult:
-        """Judge one cell and write it everywhere. Judging a cell again (after an extension) appends
-        a line that replaces the earlier one; `note` ({n} = questions) leads its reason."""
+              note: str = "", stage: int = 1) -> CellResult:
+        """Judge one cell and write it everywhere. Judging a cell again (after an extension, stage 2)
+        appends a line that replaces the earlier one; `note` ({n} = questions) leads its reason."""
         if outcome.score is not None and outcome.error is None:
             self._answers[cell.cell_id] = outcome
         reference = None if reference_missing or cell.reference_cell is None else self._answers.get(cell.reference_cell)
         found = self.history.last_pass(cell.cell_id)
-        verdict = judge(outcome, cell.model.floor, self.gate, self.cells_tested, reference,
-                        found[1] if found else None, self._reference_problem(cell, reference_missing))
+        pinned = self.history.pinned(cell.cell_id)
+        if pinned is not None and found is not None and pinned[0] == found[0]:
+            pinned = None  # the same run twice is one test, not two
+        judgement = Stage(alpha=self.budget.stage(stage), extensible=stage == 1 and self.budget.extension_share > 0,
+                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew)
+        verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found[1] if found else None,
+                        pinned[1] if pinned else None, self._reference_problem(cell, reference_missing))
+        self._stage[cell.cell_id] = stage
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})
@@ -127,6 +137,14 @@ class Gating:
         result = self.sinks.cell(FinishedCell(result, outcome.questions, outcome.server.resolved, log))
         self._results[cell.cell_id] = result
         return result
+
+    def extensible(self, cell_id: str) -> bool:
+        """An undecided cell the extension can help: judged at stage 1 on answers, and its
+        reference (if any) can vouch for it (a broken reference stays broken with more questions)."""
+        result = self._results.get(cell_id)
+        return (self.budget.extension_share > 0 and result is not None and result.status is Status.INCONCLUSIVE
+                and self._stage.get(cell_id) == 1 and cell_id in self._answers
+                and not any(word in result.reason for word in ("reference unavailable", "reference broken")))
 
     def _reference_problem(self, cell: Cell, missing: bool) -> str | None:
         """Why the cell's reference cannot vouch for it, if it cannot: a cell compared with an
@@ -147,13 +165,15 @@ class Gating:
         """Judge `cell` again on its answers plus `more` (extra questions of the extension)."""
         base = self._answers[cell.cell_id]
         records = [*base.questions, *more.questions]
+        if any(r.index < EXTENSION_INDEX_OFFSET for r in more.questions):
+            self._floor_grew.add(cell.cell_id)
         merged = base.model_copy(update={"questions": records,
                                          "score": score(records, base.score.eval_s + more.score.eval_s)})
         self._answers[cell.cell_id] = merged
 
     def rejudge(self, cell: Cell, note: str) -> None:
-        """Judge a cell again on the answers it has now (see `extended`)."""
-        self.judge(cell, self._answers[cell.cell_id], "", note=note)
+        """Judge a cell again, at stage 2, on the answers it has now (see `extended`)."""
+        self.judge(cell, self._answers[cell.cell_id], "", note=note, stage=2)
 
     def release_waiting(self) -> None:
         """The run is over: cells whose reference never produced a score are judged without it."""

@@ -20,11 +20,12 @@ from rich.console import Console
 
 from harness.engine.launch import LaunchSpec
 from harness.gate.attribution import explain
+from harness.gate.budget import Budget
 from harness.gate.sequential import EarlyStop
 from harness.gate.stats import preload as preload_statistics
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings
-from harness.gsm8k.protocol import ProtocolPlan
+from harness.gsm8k.protocol import ProtocolPlan, can_extend
 from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
 from harness.results.provenance import closed_run_info, new_run_info
@@ -102,11 +103,21 @@ class CellJobs:
         settings = EvalSettings(concurrency=suite.concurrency, request_timeout_s=suite.request_timeout_s,
                                 max_attempts=suite.request_attempts, model_name="default")
         early_stop = None
-        if suite.gate.early_stop_alpha > 0:
-            early_stop = EarlyStop(cell.model.floor, len(self.inputs.plan.prompts), suite.gate.early_stop_alpha,
+        budget = run_budget(self.inputs)
+        if budget.early_stop > 0:
+            early_stop = EarlyStop(cell.model.floor, len(self.inputs.plan.prompts), budget.early_stop,
                                    suite.gate.extraction, order=tuple(p.index for p in self.inputs.plan.prompts))
         return CellJob(spec=spec, settings=settings, queued_at=self.queued_at[cell.cell_id],
                        stall_timeout_s=suite.stall_timeout_s, early_stop=early_stop)
+
+
+def run_budget(inputs: RunInputs) -> Budget:
+    """The run's false-fail budget (harness.gate.budget): every cell of the matrix, a stage 2 when
+    the suite extends and its protocol can."""
+    gate = inputs.loaded.suite.gate
+    extends = bool(gate.extend_to and gate.extend_to > len(inputs.plan.prompts) and can_extend(inputs.plan))
+    return Budget(gate.alpha, len(inputs.matrix.cells), gate.early_stop_share,
+                  gate.extension_share if extends else 0.0)
 
 
 def failed_first(cells: list[Cell], history: History, enabled: bool) -> set[str]:
@@ -140,6 +151,7 @@ def _run_params(inputs: RunInputs, store: ResultsStore) -> dict[str, Any]:
     return {"suite": suite.suite, "engine": suite.engine, "protocol": plan.name,
             "protocol_fingerprint": plan.fingerprint, "dataset_sha256": inputs.data.sha256,
             "num_questions": len(plan.prompts), "seed": suite.seed, "cells": len(inputs.matrix.cells),
+            "gate_budget": run_budget(inputs).describe(), "extend_to": suite.gate.extend_to or 0,
             "results_dir": str(store.path)}
 
 
@@ -174,12 +186,14 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     """Run every cell of `inputs.matrix` not yet judged, gate each, and write every sink
     (`sinks(store)`; default: MLflow when tracking, the results folder, the console)."""
     store, info, kept = _open(inputs, options)
-    history = History.of(archives(options.results_dir, options.tracking_uri), inputs.loaded.suite.suite,
-                         inputs.plan.fingerprint, info.run_id)
+    suite = inputs.loaded.suite
+    history = History.of(archives(options.results_dir, options.tracking_uri), suite.suite,
+                         inputs.plan.fingerprint, info.run_id, suite.gate.pinned_run)
+    if history.pinned_problem and not options.quiet:
+        console.print(f"[yellow]warning[/]: {history.pinned_problem}")
     sinks = sinks(store) if sinks else standard_sinks(store, options.tracking_uri, console, options.quiet)
     info = sinks.open(info, _run_params(inputs, store))
-    suite = inputs.loaded.suite
-    gating = Gating(suite.gate, len(inputs.matrix.cells), inputs.plan.fingerprint, history, sinks, inputs.predicted)
+    gating = Gating(suite.gate, run_budget(inputs), inputs.plan.fingerprint, history, sinks, inputs.predicted)
     for result in kept:
         gating.restore(result, stored_outcome(store, result.cell_id, result.args))
     preload_statistics()
@@ -188,7 +202,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
         schedule = _Schedule(inputs, gating, history, stop, options, console)
         try:
             schedule.run([c for c in inputs.matrix.cells if c.cell_id not in gating.results()])
-            if suite.gate.extend_to:
+            if gating.budget.extension_share:
                 extend(inputs, gating, schedule.run)
         except (KeyboardInterrupt, Interrupted):
             interrupted = True

@@ -64,16 +64,46 @@ class DatasetSpec(Strict):
 
 
 class GateSpec(Strict):
+    """How cells are judged (README, "Verdicts"; harness.gate). One budget: `alpha` is the chance
+    that a healthy run has any `fail`, spread over cells, tests and looks (harness.gate.budget)."""
+
     alpha: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.01
-    min_effect: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.02
+    # The largest drop against the reference configuration that is harmless (backends differ a
+    # little in numerics): the reference test's null hypothesis is `drop <= tolerance`. The history
+    # and pinned-run tests compare a cell with itself, so any significant drop there counts.
+    tolerance: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.01
+    # The smallest drop the suite must catch: a cell passes only when it is confident (at
+    # `pass_confidence`) that it dropped by less; otherwise it is extended, else `inconclusive`.
+    min_effect: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.03
+    pass_confidence: Annotated[float, Field(gt=0.5, lt=1.0)] = 0.95
     extraction: Literal["strict", "flexible"] = "flexible"
     max_infra_failure_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.02
-    # Stop a cell clearly below its floor early (frees its GPUs); the chance of stopping a healthy
-    # cell is at most early_stop_alpha. 0 turns it off.
-    early_stop_alpha: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.001
-    # Inconclusive cells (and their references) are asked more questions, from the train split
-    # (never the shots), up to this many in all; null: no extension. 2 x 1319 detects 3-point drops.
+    # Stop a cell clearly below its floor early (frees its GPUs), spending this share of the cell's
+    # alpha over its looks. 0 turns it off.
+    early_stop_share: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    # Undecided cells (and their references) are asked more questions up to this many in all: the
+    # test questions not asked yet, then train questions (never the shots). null: no extension.
     extend_to: Annotated[int, Field(ge=1)] | None = None
+    # The share of the cells' final alpha kept for the judgement after the extension (stage 2).
+    extension_share: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.7
+    # A run of this suite every cell is also paired with (besides the last run it passed in), so a
+    # slow drift of a point a night cannot pass unseen. `regress calibrate SUITE` proposes one.
+    pinned_run: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "early_stop_alpha" in data:
+            raise ValueError("early_stop_alpha was replaced by early_stop_share: the share of each cell's alpha "
+                             "its early-stop looks spend (default 0.1; 0 turns early stop off)")
+        return data
+
+    @model_validator(mode="after")
+    def _tolerance_below_effect(self) -> GateSpec:
+        if self.tolerance >= self.min_effect:
+            raise ValueError(f"tolerance ({self.tolerance}) must be below min_effect ({self.min_effect}): a drop "
+                             "the gate tolerates cannot also be one it must catch")
+        return self
 
 
 class Rule(Strict):

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import replace
 
 from harness.engine.server import ServerProcess
-from harness.gate.verdict import judge
+from harness.gate.verdict import Stage, judge
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import build_plan
 from harness.results.records import CellOutcome, Status
@@ -45,7 +45,7 @@ def test_a_server_that_keeps_failing_makes_the_cell_error_not_fail(tmp_path, gsm
     score, records = evaluate_against(tmp_path, world, build_plan(gsm8k, "clean", 30, 0), settings)
     assert score.n == 0 and score.infra_failures == 30
     assert all(r.error and "HTTP 503" in r.error and r.attempts == 3 for r in records)
-    verdict = judge(CellOutcome(cell_id="c", args=[], score=score, questions=records), 0.85, GateSpec(), 1)
+    verdict = judge(CellOutcome(cell_id="c", args=[], score=score, questions=records), 0.85, GateSpec(), Stage(0.01))
     assert verdict.status is Status.ERROR
 
 
