@@ -38,6 +38,13 @@ def test_compare_names_the_newly_failing_cell(ray_local, tmp_path):
             if line.startswith("| ") and "`" in line}
     assert "newly failing" in rows["kimi-linear.ab-fa3.um-on.rc-on"]
     assert "pass → fail" in rows["kimi-linear.ab-fa3.um-on.rc-on"]
+
+    # Floors and the run to pin, from the two nights: the first is the one where every cell passed.
+    first_night = sorted(path.name for path in (tmp_path / "results").glob("demo-*"))[0]
+    calibrated = CliRunner().invoke(app, ["calibrate", str(tmp_path / "demo.yaml"), "--results-dir",
+                                          str(tmp_path / "results"), "--num-questions", "60"])
+    assert calibrated.exit_code == 0, calibrated.output
+    assert f"pinned_run: {first_night}" in calibrated.output and "kimi-linear: floor: 0." in calibrated.output
     assert "still passing" in rows["kimi-linear.ab-triton.um-on.rc-on"]
     assert "+0.000" in rows["kimi-linear.ab-fa3.um-off.rc-on"]  # same world, same answers: no difference
 

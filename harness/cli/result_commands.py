@@ -146,3 +146,56 @@ def assess(
     verdict = assess_run(list(latest.values()), max_error_share)
     print(verdict.headline)
     raise typer.Exit(verdict.exit_code)
+
+
+@app.command()
+def calibrate(
+    suite: Annotated[Path, typer.Argument(help="The suite file (configs/nightly.yaml).")],
+    results_dir: ResultsDirOpt = Path("results"),
+    runs: Annotated[int, typer.Option(help="Read the last N finished runs of the suite with its protocol.")] = 10,
+    gsm8k_path: Annotated[Path | None, typer.Option(help="GSM8K folder (to know the suite's protocol).")] = None,
+    num_questions: Annotated[int | None, typer.Option(
+        help="The runs' questions per cell, if they ran with --num-questions (the floor is the protocol's).")] = None,
+    tracking_uri: ArchiveOpt = None,
+) -> None:
+    """Propose each model's floor from measured runs of this suite and protocol (the lowest 95% lower
+    bound of a passing cell, rounded down), and a run to pin (gate.pinned_run: the newest run in
+    which every cell passed). Prints a table and the YAML to paste; changes no file.
+
+    Example: `regress calibrate configs/nightly.yaml --runs 14 --tracking-uri http://mlflow:5000`
+    """
+    from rich.table import Table
+
+    from harness.analysis.calibrate import latest_lines, pinnable_run, propose_floors
+    from harness.errors import ConfigError
+    from harness.gsm8k.dataset import load_gsm8k
+    from harness.gsm8k.protocol import build_plan
+    from harness.suite.config import load_suite
+
+    loaded = load_suite(suite)
+    spec = loaded.suite
+    data = load_gsm8k(gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
+    size = num_questions or spec.num_questions
+    fingerprint = build_plan(data, spec.protocol, size, spec.seed, spec.max_tokens).fingerprint
+    archive = _archive(results_dir, tracking_uri)
+    infos = [info for info in archive.runs(spec.suite) if info.protocol_fingerprint == fingerprint][-runs:]
+    if not infos:
+        raise ConfigError(f"no finished run of suite {spec.suite!r} with its protocol ({fingerprint}) in "
+                          f"{results_dir} or MLflow: run it first (`regress run {suite}`), then calibrate")
+    measured = [(info, latest_lines(archive.cells(info.run_id))) for info in infos]
+    proposals = propose_floors(measured, {model.id: model.floor for model in spec.models})
+    table = Table(title=f"floors of {spec.suite} from {len(infos)} run(s), protocol {fingerprint}")
+    for column in ("model", "runs", "passing cells", "mean", "lowest", "lowest 95% bound", "floor now", "proposed"):
+        table.add_column(column)
+    for p in proposals:
+        table.add_row(p.model, str(p.runs), str(p.cells), f"{p.mean:.3f}", f"{p.lowest:.3f}", f"{p.lowest_bound:.3f}",
+                      f"{p.current:.2f}", f"{p.proposed:.2f} ({p.change})")
+    console.print(table)
+    pinned = pinnable_run(measured)
+    lines = [f"# to paste into {suite}: each model's floor, and the run to pin"]
+    lines += [f"#   {p.model}: floor: {p.proposed:.2f}   (now {p.current:.2f})" for p in proposals]
+    if pinned is not None:
+        lines.append(f"gate: {{pinned_run: {pinned.run_id}}}  # every cell passed; started {pinned.started_at}")
+    else:
+        lines.append("# no run in which every cell passed: nothing to pin yet")
+    console.print("\n".join(lines), markup=False, highlight=False)

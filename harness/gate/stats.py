@@ -49,7 +49,14 @@ class Paired:
     drop_ci: tuple[float, float]
     margin: float  # the null hypothesis: drop <= margin
     p_drop: float  # one-sided: the drop exceeds `margin` (exact McNemar when the margin is 0)
-    p_change: float  # exact two-sided McNemar: a change either way
+
+    @property
+    def p_change(self) -> float:
+        """Exact two-sided McNemar: a change either way (what `compare` reports; the gate needs none)."""
+        from scipy.stats import binomtest
+
+        discordant = self.losses + self.gains
+        return float(binomtest(self.losses, discordant, 0.5).pvalue) if discordant else 1.0
 
     def drop_upper(self, confidence: float) -> float:
         """One-sided upper confidence bound of the drop (normal approximation, as `drop_ci`)."""
@@ -83,7 +90,7 @@ def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], margin:
                       confidence: float = 0.95) -> Paired | None:
     """Losses and gains against the reference on shared questions, the test of "drop > margin",
     and a normal interval for the paired drop."""
-    from scipy.stats import binomtest, norm
+    from scipy.stats import norm
 
     shared = sorted(cell.keys() & reference.keys())
     n = len(shared)
@@ -97,7 +104,6 @@ def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], margin:
     variance = max((losses + gains) / n - drop**2, 0.0) / n
     half = float(norm.ppf(0.5 + confidence / 2)) * math.sqrt(variance)
     discordant = losses + gains
-    p_change = float(binomtest(losses, discordant, 0.5).pvalue) if discordant else 1.0
     return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,
                   reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - half, drop + half),
-                  margin=margin, p_drop=drop_above_margin_p(losses, gains, n, margin), p_change=p_change)
+                  margin=margin, p_drop=drop_above_margin_p(losses, gains, n, margin))

@@ -86,10 +86,12 @@ def _floor_part(test_answers: dict[int, bool], floor: float, alpha: float, teste
     return _Part(Status.PASS), p
 
 
-def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, stage: Stage) -> _Part:
+def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, stage: Stage, cell_n: int) -> _Part:
     """`fail` when the drop beyond the test's margin is significant. Otherwise `pass` when the drop
     is shown to be under `min_effect` (its upper bound at `pass_confidence`, while the cell can still
-    be extended; its estimate, at the last stage), else `inconclusive`."""
+    be extended; its estimate, at the last stage), else `inconclusive`. An earlier run sharing under
+    half the cell's questions (the cell was extended tonight, not then) can fail it, but not hold it
+    undecided: tonight's larger evidence decides that."""
     null = f"drop > {paired.margin * 100:.3g} pts" if paired.margin else "a drop"
     reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared: lost {paired.losses}, "
               f"gained {paired.gains}, p({null})={paired.p_drop:.2g}")
@@ -101,6 +103,8 @@ def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, stage
         return _Part(Status.PASS, reason)
     how = (f"{gate.pass_confidence:.0%} upper bound of the drop {upper * 100:.1f} pts" if stage.extensible
            else f"a drop of {paired.drop * 100:.1f} pts")
+    if label != "reference" and paired.n < MIN_SHARED_SHARE * cell_n:
+        return _Part(Status.PASS, reason + f"; {how}, on too few of the cell's {cell_n} questions to hold it")
     return _Part(Status.INCONCLUSIVE, reason + f"; {how} not under min_effect {gate.min_effect * 100:.3g} pts")
 
 
@@ -141,7 +145,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     for label, paired in comparisons:
         if paired is not None:
             found[label] = paired
-            parts.append(_paired_part(paired, label, gate, alpha, stage))
+            parts.append(_paired_part(paired, label, gate, alpha, stage, n))
     for part in parts:
         status = _worse(status, part.status)
         if part.reason:
@@ -156,7 +160,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
         reasons.append(reference_problem)
     history_paired, pinned_paired = found.get("the last passing run"), found.get("the pinned run")
     return Verdict(status=status, reason="; ".join(reasons), accuracy=correct / n, n=n, correct=correct, ci_low=low,
-                   ci_high=high, floor_p=floor_p, mcnemar_p=paired.p_drop if paired else None,
+                   ci_high=high, floor_p=floor_p, floor_n=len(test_answers), floor_correct=sum(test_answers.values()),
+                   mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,
                    pinned_p=pinned_paired.p_drop if pinned_paired else None)

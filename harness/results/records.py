@@ -153,6 +153,9 @@ class Verdict(Record):
     ci_low: float | None = None
     ci_high: float | None = None
     floor_p: float | None = None
+    # The test-split answers the floor was tested on (extension train questions are not); 0: unknown.
+    floor_n: int = 0
+    floor_correct: int = 0
     mcnemar_p: float | None = None
     agreement: float | None = None
     history_p: float | None = None

@@ -42,7 +42,8 @@ class PullRequestComment:
 
 def test_a_toy_sink_sees_every_cell_and_the_close_of_a_real_run(ray_local, gsm8k, tmp_path):
     loaded = load_suite(ROOT / "configs" / "demo.yaml")
-    loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update={"num_questions": 20})})
+    quick = {"num_questions": 20, "gate": loaded.suite.gate.model_copy(update={"extend_to": None})}
+    loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=quick)})
     matrix = select(expand(loaded.suite), "model=deepseek-v2-lite,attention_backend=triton|fa3,radix_cache=on")
     plan = build_plan(gsm8k, loaded.suite.protocol, 20, 0)
     options = RunOptions(results_dir=tmp_path, tracking_uri=None, quiet=True)

@@ -1,0 +1,50 @@
+"""Floors and the pinned run proposed from measured runs (`regress calibrate`)."""
+
+from __future__ import annotations
+
+from harness.analysis.calibrate import latest_lines, pinnable_run, propose_floors
+from harness.results.records import CellResult, RunInfo, Status
+
+
+def info(run_id: str, interrupted: bool = False) -> RunInfo:
+    return RunInfo(run_id=run_id, suite="nightly", config_path="", config_sha256="", engine="sglang",
+                   harness_version="0", protocol="clean", started_at="2026-12-01T00:00:00+00:00",
+                   interrupted=interrupted)
+
+
+def cell(cell_id: str, model: str, status: Status, correct: int, n: int, floor_n: int = 0,
+         floor_correct: int = 0) -> CellResult:
+    return CellResult(cell_id=cell_id, model=model, factors={}, args=[], resolved={}, status=status, reason="",
+                      correct=correct, n=n, accuracy=correct / n, floor_n=floor_n, floor_correct=floor_correct)
+
+
+def test_the_floor_proposed_is_the_lowest_lower_bound_of_a_passing_cell_rounded_down():
+    runs = [(info("a"), [cell("m.x", "m", Status.PASS, 1187, 1319), cell("m.y", "m", Status.PASS, 1170, 1319)]),
+            (info("b"), [cell("m.x", "m", Status.PASS, 1180, 1319), cell("m.y", "m", Status.FAIL, 300, 1319)])]
+    (proposal,) = propose_floors(runs, {"m": 0.88})
+    assert proposal.cells == 3 and proposal.runs == 2  # the failing cell is not evidence of health
+    assert abs(proposal.lowest - 1170 / 1319) < 1e-12
+    assert 0.868 < proposal.lowest_bound < 0.87 and proposal.proposed == 0.86 and proposal.change == "lower"
+
+
+def test_floors_use_the_test_questions_the_floor_is_tested_on_not_the_extension():
+    extended = cell("m.x", "m", Status.PASS, correct=2500, n=2638, floor_n=1319, floor_correct=1180)
+    (proposal,) = propose_floors([(info("a"), [extended])], {"m": 0.80})
+    assert abs(proposal.lowest - 1180 / 1319) < 1e-12 and proposal.change == "raise"
+
+
+def test_a_model_without_passing_cells_gets_no_proposal():
+    assert propose_floors([(info("a"), [cell("m.x", "m", Status.FAIL, 10, 200)])], {"m": 0.8, "other": 0.5}) == []
+
+
+def test_the_run_to_pin_is_the_newest_in_which_every_cell_that_ran_passed():
+    good = [cell("m.x", "m", Status.PASS, 180, 200), cell("m.z", "m", Status.SKIPPED, 0, 1)]
+    runs = [(info("old"), good), (info("mixed"), [*good, cell("m.y", "m", Status.INCONCLUSIVE, 170, 200)]),
+            (info("newest", interrupted=True), good)]
+    assert pinnable_run(runs).run_id == "old"
+    assert pinnable_run(runs[1:2]) is None
+
+
+def test_a_later_line_of_a_cell_replaces_the_earlier_one():
+    first, again = cell("m.x", "m", Status.INCONCLUSIVE, 170, 200), cell("m.x", "m", Status.PASS, 1180, 1319)
+    assert latest_lines([first, again]) == [again]
