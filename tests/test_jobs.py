@@ -35,9 +35,10 @@ def test_errors_on_a_reference_or_above_the_share_make_a_broken_run():
     assert verdict.exit_code == 1 and "c19" in verdict.headline and "1 inconclusive" in verdict.headline
 
 
-def test_inconclusive_cells_are_named_in_a_green_headline():
+def test_inconclusive_cells_make_an_undecided_headline_that_names_them():
     verdict = assess([result("ref", Status.PASS, None), result("c1", Status.INCONCLUSIVE)])
-    assert verdict.exit_code == 0 and "1 inconclusive (not decided at this question count): c1" in verdict.headline
+    assert verdict.exit_code == 0 and verdict.headline.startswith("UNDECIDED: 1 of 2 cells pass")
+    assert "1 inconclusive (not decided with the questions the suite allows): c1" in verdict.headline
 
 
 def job(tmp_path: Path, fault_when: dict) -> subprocess.CompletedProcess:

@@ -3,7 +3,9 @@
     1  regressions: some cell is `fail` or `mismatch`
     4  broken: more than `max_error_share` of the measured cells are `error`, or a reference cell is
        (every cell compared with it lost its paired test), so the night tested too little to be green
-    0  otherwise; cells still `inconclusive` or `error` (below the share) are named in the headline
+    0  otherwise: `GREEN` when every measured cell passed, `UNDECIDED` when some stayed
+       `inconclusive` after every extension the suite allows (nothing is known to be broken, but the
+       night did not show those cells healthy: the headline names them); errors below the share too
 
 The headline is the first line of the job's report, so a person reading the CI page knows at once
 what happened.
@@ -33,7 +35,7 @@ def assess(results: list[CellResult], max_error_share: float = 0.1) -> Assessmen
     undecided = [r for r in measured if r.status is Status.INCONCLUSIVE]
     tail = []
     if undecided:
-        tail.append(f"{len(undecided)} inconclusive (not decided at this question count): "
+        tail.append(f"{len(undecided)} inconclusive (not decided with the questions the suite allows): "
                     + ", ".join(r.cell_id for r in undecided[:5]) + (" ..." if len(undecided) > 5 else ""))
     if errors:
         tail.append(f"{len(errors)} could not be measured")
@@ -48,4 +50,5 @@ def assess(results: list[CellResult], max_error_share: float = 0.1) -> Assessmen
         return Assessment(BROKEN, f"BROKEN RUN: {len(errors)} of {len(measured)} cells could not be measured "
                                   f"({why}); first: {errors[0].cell_id}: {errors[0].reason.splitlines()[0][:200]}")
     passed = sum(r.status is Status.PASS for r in measured)
-    return Assessment(0, f"GREEN: {passed} of {len(measured)} cells pass{suffix}")
+    word = "UNDECIDED" if undecided else "GREEN"
+    return Assessment(0, f"{word}: {passed} of {len(measured)} cells pass{suffix}")
