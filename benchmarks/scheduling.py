@@ -196,7 +196,7 @@ def main() -> None:
             stopped = [cell for cell in second if cell["stopped_early"]]
             (Path(folder) / "incident-cells.txt").write_text("".join(c["cell_id"] + "\n" for c in stopped))
             full_suite = yaml.safe_load(suite.read_text())
-            full_suite["gate"]["early_stop_alpha"] = 0
+            full_suite["gate"]["early_stop_share"] = 0
             (Path(folder) / "full.yaml").write_text(yaml.safe_dump(full_suite, sort_keys=False))
             full = run_once(Path(folder) / "full.yaml", Path(folder) / "results",
                             "--cells", str(Path(folder) / "incident-cells.txt"))

@@ -246,8 +246,8 @@ def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(
     assert order[:2] == [kimi, slow] and order.index(failed) > 2
 
 
-def test_inconclusive_cells_are_extended_with_train_questions_and_decided(ray_local, tmp_path):
-    """A 4-point drop is not significant on 200 questions; extended to 1,500 it is."""
+def test_undecided_cells_are_extended_with_unasked_test_then_train_questions_and_decided(ray_local, tmp_path):
+    """A 4-point drop is not significant on 200 questions; extended to 1,500 it is (stage 2)."""
     import yaml
 
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
@@ -270,8 +270,11 @@ def test_inconclusive_cells_are_extended_with_train_questions_and_decided(ray_lo
     assert "extended to 1500 questions" in final["dsv2.ab-fa3"].reason
     assert result.exit_code == 1
     indices = [json.loads(q)["index"] for q in (run_dir / "questions" / "dsv2.ab-fa3.jsonl").read_text().splitlines()]
+    test = [i for i in indices if i < 100_000]
     extra = [i - 100_000 for i in indices if i >= 100_000]  # train questions, recorded with an offset
-    assert len(indices) == 1500 and len(extra) == 1300 and len(set(extra)) == 1300
+    # The extension asks the test questions the plan did not, then train questions: 1,319 + 181.
+    assert len(indices) == 1500 and len(set(test)) == 1319 and len(set(extra)) == len(extra) == 181
+    assert final["dsv2.ab-fa3"].floor_n == 1319
 
 
 def test_a_cell_no_node_can_hold_waits_then_says_why_and_the_rest_run(ray_local, tmp_path, monkeypatch):

@@ -113,3 +113,13 @@ def test_sim_engine_needs_a_world(tmp_path):
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read suite file"):
         load_suite(tmp_path / "absent.yaml")
+
+
+def test_a_gate_that_tolerates_the_drop_it_must_catch_is_refused(tmp_path):
+    message = refused(tmp_path, GOOD + "gate: {tolerance: 0.03, min_effect: 0.03}\n")
+    assert "gate" in message and "tolerance (0.03) must be below min_effect (0.03)" in message
+
+
+def test_the_old_early_stop_key_says_what_replaced_it(tmp_path):
+    message = refused(tmp_path, GOOD + "gate: {early_stop_alpha: 0.001}\n")
+    assert "early_stop_alpha was replaced by early_stop_share" in message
