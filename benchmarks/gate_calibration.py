@@ -28,6 +28,7 @@ import argparse
 import functools
 import random
 import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,7 @@ class Answers:
 
     def __init__(self, seed: int, questions: list[int], planned: list[int], scenario: Scenario,
                  cells: list[Cell], dropped: dict[str, float]) -> None:
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.position = {q: i for i, q in enumerate(questions)}
         self.planned = planned
@@ -115,18 +117,20 @@ class Answers:
             right = draws < (offset / (1 - ACCURACY) if offset > 0 else 0.0)
             self.fixed[cell.cell_id] = (wrong, right)
 
-    def night(self, cell: Cell, lucky: bool) -> np.ndarray:
-        """One night's answers of `cell` to every question (in `questions` order)."""
+    def night(self, cell: Cell, number: int, lucky: bool) -> np.ndarray:
+        """Night `number`'s answers of `cell` to every question (in `questions` order): its noise is
+        its own, whatever else was drawn (two Answers of one trial share knowledge, not noise)."""
         known = self.known[cell.model.id]
-        redrawn = self.rng.random(known.size) < self.redraw
-        answers = np.where(redrawn, self.rng.random(known.size) < ACCURACY, known)
+        rng = np.random.default_rng([self.seed, number, zlib.crc32(cell.cell_id.encode())])
+        redrawn = rng.random(known.size) < self.redraw
+        answers = np.where(redrawn, rng.random(known.size) < ACCURACY, known)
         wrong, right = self.fixed[cell.cell_id]
         answers = (answers & ~wrong) | right
         if lucky:
             n = len(self.planned)
             sd = np.sqrt(2 * self.redraw * ACCURACY * (1 - ACCURACY) / n)
             planned_wrong = [self.position[q] for q in self.planned if not answers[self.position[q]]]
-            self.rng.shuffle(planned_wrong)
+            rng.shuffle(planned_wrong)
             answers[planned_wrong[:round(self.scenario.lucky_sd * sd * n)]] = True
         return answers
 
@@ -161,13 +165,14 @@ class Night:
     scenario: Scenario
     history: dict[str, CellOutcome]
     judged: bool  # the second night: references lucky, reference broken as the scenario says
+    number: int = 0  # which night of the trial (its noise)
     tonight: dict[str, np.ndarray] | None = None
 
     def play(self) -> dict[str, tuple[Status, CellOutcome | None]]:
         """Every cell's final verdict and answers, through the product's gating and extension."""
         cells = list(self.inputs.matrix.cells)
-        self.tonight = {c.cell_id: self.answers.night(c, self.judged and c.is_reference and self.scenario.lucky_sd > 0)
-                        for c in cells}
+        lucky = self.judged and self.scenario.lucky_sd > 0
+        self.tonight = {c.cell_id: self.answers.night(c, self.number, lucky and c.is_reference) for c in cells}
         gating = Gating(self.inputs.loaded.suite.gate, run_budget(self.inputs), "fp", MemoryHistory(self.history),
                         Sinks([]))
         budget = run_budget(self.inputs)
@@ -244,7 +249,7 @@ def play_trial(inputs: RunInputs, data, scenario: Scenario, seed: int, dropped: 
     if scenario.calibration_nights:
         measured = []
         for number in range(scenario.calibration_nights):
-            night = Night(inputs, answers, scenario, {}, judged=False)
+            night = Night(inputs, answers, scenario, {}, judged=False, number=10 + number)
             night.play()
             measured.append((RunInfo(run_id=f"calibration-{number}", suite="s", config_path="", config_sha256="",
                                      engine="sim", harness_version="", protocol="", started_at=""), night.results))
@@ -254,7 +259,7 @@ def play_trial(inputs: RunInputs, data, scenario: Scenario, seed: int, dropped: 
     first = Night(inputs, answers, scenario, {}, judged=False).play()
     history = {cell_id: outcome for cell_id, (status, outcome) in first.items()
                if status is Status.PASS and outcome is not None and cell_id not in dropped}
-    second = Night(inputs, answers, scenario, history, judged=True).play()
+    second = Night(inputs, answers, scenario, history, judged=True, number=1).play()
     return first, second
 
 
@@ -310,8 +315,8 @@ def power(data, trials: int) -> None:
             first = Night(inputs, healthy, scenario, {}, judged=False).play()
             history = {k: o for k, (s, o) in first.items() if s is Status.PASS and o is not None}
             broken = Answers(trial, questions, planned, scenario, list(inputs.matrix.cells), {target.cell_id: 0.03})
-            second = Night(inputs, broken, scenario, history, judged=False).play()
-            alone = Night(inputs, broken, scenario, {}, judged=False).play()
+            second = Night(inputs, broken, scenario, history, judged=False, number=1).play()
+            alone = Night(inputs, broken, scenario, {}, judged=False, number=1).play()
             caught += second[target.cell_id][0] is Status.FAIL
             undecided += second[target.cell_id][0] is Status.INCONCLUSIVE
             first_caught += alone[target.cell_id][0] is Status.FAIL

@@ -33,6 +33,7 @@ class Stage:
     alpha: float
     extensible: bool = False
     floor_tested: bool = True
+    number: int = 1  # 1: the planned questions; 2: after the extension
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     if reference_problem:
         reasons.append(reference_problem)
     history_paired, pinned_paired = found.get("the last passing run"), found.get("the pinned run")
-    return Verdict(status=status, reason="; ".join(reasons), accuracy=correct / n, n=n, correct=correct, ci_low=low,
+    return Verdict(status=status, reason="; ".join(reasons), stage=stage.number, accuracy=correct / n, n=n,
+                   correct=correct, ci_low=low,
                    ci_high=high, floor_p=floor_p, floor_n=len(test_answers), floor_correct=sum(test_answers.values()),
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,

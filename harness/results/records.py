@@ -147,6 +147,7 @@ class Verdict(Record):
 
     status: Status
     reason: str
+    stage: int = 1  # 1: judged on the planned questions; 2: again after the extension (harness.gate.budget)
     accuracy: float | None = None
     n: int = 0
     correct: int = 0

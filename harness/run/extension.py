@@ -22,8 +22,8 @@ Schedule = Callable[..., None]  # (cells, plan, on_outcome, label): see pipeline
 
 
 def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
-    """Extend every inconclusive cell that has answers; no-op when none is, or the protocol has no
-    extension (sglang-fewshot, sglang-run-eval: their questions are fixed by sglang's test)."""
+    """Extend every undecided cell (`Gating.extensible`) and its reference; no-op when there is none,
+    or the protocol has no extension (sglang-fewshot, sglang-run-eval: their questions are fixed)."""
     cells = inputs.matrix.by_id()
     undecided = [cells[cell_id] for cell_id in gating.results() if cell_id in cells and gating.extensible(cell_id)]
     if not undecided:
@@ -32,6 +32,7 @@ def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     extra = extension_plan(inputs.data, plan, inputs.loaded.suite.gate.extend_to - len(plan.prompts))
     if extra is None:
         return
+    extra_total = len(plan.prompts) + len(extra.prompts)
     wanted = {c.cell_id for c in undecided} | {c.reference_cell for c in undecided if c.reference_cell}
     more: dict[str, CellOutcome] = {}
 
@@ -39,7 +40,7 @@ def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
         more[cell.cell_id] = outcome
 
     schedule([cells[cell_id] for cell_id in sorted(wanted) if gating.answers(cell_id)], extra, collect,
-             f"{inputs.loaded.suite.suite}: extending {len(undecided)} inconclusive cell(s)")
+             f"{inputs.loaded.suite.suite}: extending {len(undecided)} undecided cell(s) to {extra_total} questions")
     for cell_id, outcome in more.items():
         if outcome.score is not None and outcome.error is None:
             gating.extended(cells[cell_id], outcome)

@@ -73,8 +73,8 @@ class Gating:
         self._answers: dict[str, CellOutcome] = {}  # cells judged on answers: references, extension
         self._waiting: dict[str, list[_Waiting]] = {}  # reference cell id -> cells waiting for it
         self._results: dict[str, CellResult] = {}
-        self._stage: dict[str, int] = {}  # cell id -> the stage of its latest judgement
         self._floor_grew: set[str] = set()  # extended cells whose extension added test questions
+        self._unvouched: set[str] = set()  # cells whose reference could not vouch for them
 
     # ---- reading ---------------------------------------------------------------------------------
     def results(self) -> dict[str, CellResult]:
@@ -116,10 +116,12 @@ class Gating:
         if pinned is not None and found is not None and pinned[0] == found[0]:
             pinned = None  # the same run twice is one test, not two
         judgement = Stage(alpha=self.budget.stage(stage), extensible=stage == 1 and self.budget.extension_share > 0,
-                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew)
+                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew, number=stage)
+        problem = self._reference_problem(cell, reference_missing)
+        if problem:
+            self._unvouched.add(cell.cell_id)
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found[1] if found else None,
-                        pinned[1] if pinned else None, self._reference_problem(cell, reference_missing))
-        self._stage[cell.cell_id] = stage
+                        pinned[1] if pinned else None, problem)
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})
@@ -143,8 +145,7 @@ class Gating:
         reference (if any) can vouch for it (a broken reference stays broken with more questions)."""
         result = self._results.get(cell_id)
         return (self.budget.extension_share > 0 and result is not None and result.status is Status.INCONCLUSIVE
-                and self._stage.get(cell_id) == 1 and cell_id in self._answers
-                and not any(word in result.reason for word in ("reference unavailable", "reference broken")))
+                and result.stage == 1 and cell_id in self._answers and cell_id not in self._unvouched)
 
     def _reference_problem(self, cell: Cell, missing: bool) -> str | None:
         """Why the cell's reference cannot vouch for it, if it cannot: a cell compared with an
