@@ -25,7 +25,10 @@ from harness.results.records import CellResult, QuestionRecord, RunInfo
 from harness.results.store import ResultsStore
 
 CELLS_ARTIFACT = "cells.jsonl"
+# A cell's answers: the table of its first judgement, then the rows its extension added (a table of
+# their own: MLflow appends to a table by reading it back with pandas, which turns "16" into 16).
 QUESTIONS_ARTIFACT = "questions.json"
+EXTENSION_QUESTIONS_ARTIFACT = "questions_extension.json"
 
 
 class RunArchive(Protocol):
@@ -129,11 +132,15 @@ class MlflowArchive:
         cell = next((c for c in reversed(self.cells(run_id)) if c.cell_id == cell_id), None)
         if cell is None or not cell.mlflow_run_id:
             return []
-        text = self._download(cell.mlflow_run_id, QUESTIONS_ARTIFACT)
-        if not text:
-            return []
-        table = json.loads(text)
-        return [QuestionRecord.model_validate(dict(zip(table["columns"], row, strict=True))) for row in table["data"]]
+        records = []
+        for artifact in (QUESTIONS_ARTIFACT, EXTENSION_QUESTIONS_ARTIFACT):
+            text = self._download(cell.mlflow_run_id, artifact)
+            if not text:
+                continue
+            table = json.loads(text)
+            records += [QuestionRecord.model_validate(dict(zip(table["columns"], row, strict=True)))
+                        for row in table["data"]]
+        return records
 
 
 class Archives:

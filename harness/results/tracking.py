@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from harness.results.archive import EXTENSION_QUESTIONS_ARTIFACT, QUESTIONS_ARTIFACT
 from harness.results.records import CellResult, QuestionRecord, RunInfo
 
 
@@ -78,6 +80,15 @@ def _epoch_ms(iso: str | None) -> int | None:
     return int(datetime.fromisoformat(iso).timestamp() * 1000) if iso else None
 
 
+@dataclass(frozen=True)
+class _Child:
+    """A cell's child run as logged: which judgement (stage) and how many question rows it holds."""
+
+    run_id: str
+    stage: int = 1
+    questions: int = 0
+
+
 def run_verdict(exit_code: int | None) -> str:
     """The parent run's `verdict` tag, from the run's exit code."""
     return {0: "pass", 1: "regressions", 3: "undecided", 130: "interrupted"}.get(exit_code, "unknown")
@@ -92,7 +103,7 @@ class Tracker:
         self.parent_run_id: str | None = None
         self._experiment_id: str | None = None
         self._client: Any = None
-        self._children: dict[str, str] = {}  # cell id -> child run id already in the store
+        self._children: dict[str, _Child] = {}  # cell id -> its child run already in the store
         self._views_written = False
 
     def logged_cells(self) -> set[str]:
@@ -145,15 +156,17 @@ class Tracker:
                                          max_results=1)
         return found[0] if found else None
 
-    def _existing_children(self) -> dict[str, str]:
+    def _existing_children(self) -> dict[str, _Child]:
         children = {}
         page_token = None
         while True:
             page = self._client.search_runs([self._experiment_id], max_results=1000, page_token=page_token,
                                             filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
             for run in page:
-                if "cell_id" in run.data.tags and run.info.status in ("FINISHED", "FAILED"):
-                    children[run.data.tags["cell_id"]] = run.info.run_id
+                tags = run.data.tags
+                if "cell_id" in tags and run.info.status in ("FINISHED", "FAILED"):
+                    children[tags["cell_id"]] = _Child(run.info.run_id, int(tags.get("stage", 1)),
+                                                       int(tags.get("questions_logged", 0)))
             page_token = page.token
             if not page_token:
                 return children
@@ -188,13 +201,13 @@ class Tracker:
                    datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "evaluation")])])
 
     def _batch(self, run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
-               tags: dict[str, str] | None = None) -> None:
+               tags: dict[str, str] | None = None, step: int = 0) -> None:
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.utils.time import get_current_time_millis
 
         now = get_current_time_millis()
         params_list = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
-        metric_list = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
+        metric_list = [Metric(k, float(v), now, step) for k, v in (metrics or {}).items() if v is not None]
         tag_list = [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
         for start in range(0, max(len(params_list), 1), 100):  # MLflow takes 100 params per batch
             self._call("logging to MLflow", self._client.log_batch, run_id, metrics=metric_list if start == 0 else [],
@@ -203,23 +216,19 @@ class Tracker:
     def log_cell(self, result: CellResult, questions: list[QuestionRecord], server_info: dict[str, Any],
                  log_text: str) -> str | None:
         """One child run: params, metrics, tags, the per-question table, the server log and info.
-        A cell already logged under this parent is not logged twice."""
+        A cell already logged under this parent is not logged twice; a later judgement of it (stage 2,
+        after the extension) updates its run: the verdict, the metrics, the new question rows."""
         if self.parent_run_id is None or self.error is not None:
             return None
-        if result.cell_id in self._children:
-            return self._children[result.cell_id]
-        started_ms = int(result.timings.started_at * 1000) if result.timings.started_at else None
-        run = self._call("creating a cell run", lambda: self._client.create_run(
-            self._experiment_id, run_name=result.cell_id, start_time=started_ms,
-            tags={"mlflow.parentRunId": self.parent_run_id}))
-        if run is None:
-            return None
-        run_id = run.info.run_id
-        if not self._views_written:
-            self._write_views(list(result.factors))
-        params = {"model": result.model, **result.factors, "protocol_fingerprint": result.protocol_fingerprint,
-                  "reference_cell": result.reference_cell or "", "threshold": result.threshold,
-                  **_flat("resolved.", result.resolved)}
+        logged = self._children.get(result.cell_id)
+        if logged is not None and result.stage <= logged.stage:
+            return logged.run_id
+        if logged is None:
+            run_id = self._create_cell_run(result)
+            if run_id is None:
+                return None
+        else:
+            run_id = logged.run_id
         metrics = {"accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,
                    "n": result.n, "correct": result.correct, "invalid_rate": result.invalid_rate,
                    "truncated_rate": result.truncated_rate, "agreement": result.agreement,
@@ -228,16 +237,20 @@ class Tracker:
                    "total_s": result.timings.total_s, "queued_s": result.timings.queued_s,
                    "requests_per_s": result.throughput.requests_per_s,
                    "output_tokens_per_s": result.throughput.output_tokens_per_s}
-        self._batch(run_id, params=params, metrics=metrics,
-                    tags={"status": result.status.value, "cell_id": result.cell_id, "reason": result.reason})
-        if questions:
+        self._batch(run_id, metrics=metrics, step=result.stage - 1,
+                    tags={"status": result.status.value, "cell_id": result.cell_id, "reason": result.reason,
+                          "stage": str(result.stage), "questions_logged": str(len(questions))})
+        already = logged.questions if logged is not None else 0
+        if questions[already:]:
             import pandas
 
-            table = pandas.DataFrame([q.model_dump() for q in questions])
-            self._call("logging the question table", self._client.log_table, run_id, table, "questions.json")
-        if server_info:
+            # The rows the earlier judgement lacked go to a table of their own (see archive's artifacts).
+            table = pandas.DataFrame([q.model_dump() for q in questions[already:]])
+            name = EXTENSION_QUESTIONS_ARTIFACT if already else QUESTIONS_ARTIFACT
+            self._call("logging the question table", self._client.log_table, run_id, table, name)
+        if server_info and logged is None:
             self._call("logging server info", self._client.log_dict, run_id, server_info, "server_info.json")
-        if log_text:
+        if log_text and logged is None:
             self._call("logging the server log", self._client.log_text, run_id, log_text, "server.log")
         # FINISHED: the cell was measured to the end (its verdict is the `status` tag). The run's
         # duration is the time the cell held its GPUs, not the time logging took.
@@ -245,8 +258,24 @@ class Tracker:
         self._call("closing a cell run", self._client.set_terminated, run_id, "FINISHED", ended_ms)
         if self.error is not None:
             return None
-        self._children[result.cell_id] = run_id
+        self._children[result.cell_id] = _Child(run_id, result.stage, len(questions))
         return run_id
+
+    def _create_cell_run(self, result: CellResult) -> str | None:
+        """A new child run for the cell, with its params (MLflow params never change afterwards)."""
+        started_ms = int(result.timings.started_at * 1000) if result.timings.started_at else None
+        run = self._call("creating a cell run", lambda: self._client.create_run(
+            self._experiment_id, run_name=result.cell_id, start_time=started_ms,
+            tags={"mlflow.parentRunId": self.parent_run_id}))
+        if run is None:
+            return None
+        if not self._views_written:
+            self._write_views(list(result.factors))
+        params = {"model": result.model, **result.factors, "protocol_fingerprint": result.protocol_fingerprint,
+                  "reference_cell": result.reference_cell or "", "threshold": result.threshold,
+                  **_flat("resolved.", result.resolved)}
+        self._batch(run.info.run_id, params=params)
+        return run.info.run_id
 
     def finish(self, info: RunInfo, artifacts: dict[str, str]) -> None:
         if self.parent_run_id is None:
