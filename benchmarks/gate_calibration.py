@@ -203,12 +203,13 @@ class Night:
         if self.broken(cell) == "stopped" and main:
             records[:20] = [record(r.index, False) for r in records[:20]]
         stopped = None
-        if main and self.early_stop > 0 and cell.model.floor > 0:
-            rule = EarlyStop(cell.model.floor, len(records), self.early_stop, order=tuple(r.index for r in records))
+        if main and self.early_stop > 0 and cell.model.floor > 0:  # as CellJobs builds it: test questions
+            test = [r for r in records if r.index < EXTENSION_INDEX_OFFSET]
+            rule = EarlyStop(cell.model.floor, len(test), self.early_stop, order=tuple(r.index for r in test))
             for look, _ in rule.thresholds:
-                stopped = rule.test_look(look, records[:look])
+                stopped = rule.test_look(look, test[:look])
                 if stopped:
-                    records = records[:look]
+                    records = test[:look]
                     break
         return CellOutcome(cell_id=cell.cell_id, args=[], score=score(records, 1.0), questions=records,
                            stopped_early=stopped)

@@ -114,17 +114,43 @@ def clean_solution(solution: str) -> str:
 
 
 def _question_order(count: int, num_questions: int | None, seed: int) -> list[int]:
+    """Test indices in the protocol's seeded order: all of them, or the first `num_questions`."""
     order = list(range(count))
     random.Random(seed).shuffle(order)
-    if num_questions is None:
-        return order
-    if num_questions > count:
-        raise ConfigError(f"num_questions: {num_questions} asked but the test split has {count}")
-    return order[:num_questions]
+    return order if num_questions is None else order[:num_questions]
+
+
+def _train_pool(data: Gsm8k, shots: tuple[int, ...] | list[int], seed: int) -> list[int]:
+    """Train indices that are not shots, in their own seeded order (what comes after the test split)."""
+    pool = [i for i in range(len(data.train)) if i not in set(shots)]
+    random.Random(seed + 1).shuffle(pool)
+    return pool
+
+
+def _chosen(data: Gsm8k, shots: list[int], num_questions: int | None, seed: int) -> list[tuple[int, Problem]]:
+    """(recorded index, problem) of a clean or chat plan: test questions in seeded order and, past the
+    test split's size, train questions (recorded as EXTENSION_INDEX_OFFSET + i): the paired tests
+    use them, the floor never does."""
+    test = [(i, data.test[i]) for i in _question_order(len(data.test), num_questions, seed)]
+    wanted = len(test) if num_questions is None else num_questions
+    room = len(data.test) + len(data.train) - len(shots)
+    if wanted > room:
+        raise ConfigError(f"num_questions: {wanted} asked but GSM8K has {room} (all {len(data.test)} test "
+                          f"questions, then train questions that are not shots)")
+    train = [(EXTENSION_INDEX_OFFSET + i, data.train[i]) for i in _train_pool(data, shots, seed)[:wanted - len(test)]]
+    return test + train
+
+
+def _prompt(name: ProtocolName, index: int, problem: Problem, prefix: str,
+            turns: tuple[tuple[str, str], ...]) -> Prompt:
+    if name == ProtocolName.CLEAN:
+        return Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:")
+    return Prompt(index, problem.gold, messages=(*turns, ("user", f"Question: {problem.question}")))
 
 
 def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max_tokens: int = 512) -> ProtocolPlan:
-    """Build a protocol's prompts. `num_questions=None` asks the whole test split."""
+    """Build a protocol's prompts. `num_questions=None` asks the whole test split; clean and chat
+    take more than the test split has from the train split (never the shots)."""
     try:
         name = ProtocolName(name)
     except ValueError:
@@ -137,24 +163,28 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
         prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
         count = len(data.test) if num_questions is None else num_questions
         if count > len(data.test):
-            raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)}")
+            raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)} "
+                              "(protocol sglang-fewshot asks test questions only)")
         prompts = [Prompt(i, extract_sglang_integer(data.test[i].solution) or "",
                           prefix + _sglang_example(data.test[i], False)) for i in range(count)]
         return _finish(data, ProtocolName.SGLANG_FEWSHOT, "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
     shots = sorted(random.Random(seed).sample(range(len(data.train)), NUM_SHOTS))
-    questions = _question_order(len(data.test), num_questions, seed)
+    prefix, turns = _shots(name, data, shots)
+    prompts = [_prompt(name, index, problem, prefix, turns) for index, problem in _chosen(data, shots, num_questions, seed)]
     if name == "clean":
-        prefix = "".join(_clean_example(data.train[i]) for i in shots)
-        prompts = [Prompt(i, data.test[i].gold, prefix + f"Question: {data.test[i].question}\nAnswer:")
-                   for i in questions]
         return _finish(data, ProtocolName.CLEAN, "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
+    return _finish(data, ProtocolName.CHAT, "chat", prompts, (), max_tokens, shots, seed)
+
+
+def _shots(name: ProtocolName, data: Gsm8k, shots: list[int] | tuple[int, ...]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The shots as a clean prompt's prefix, or as a chat's turns."""
+    if name == ProtocolName.CLEAN:
+        return "".join(_clean_example(data.train[i]) for i in shots), ()
     turns: list[tuple[str, str]] = []
     for i in shots:
         turns += [("user", f"Question: {data.train[i].question}"),
                   ("assistant", clean_solution(data.train[i].solution))]
-    prompts = [Prompt(i, data.test[i].gold, messages=(*turns, ("user", f"Question: {data.test[i].question}")))
-               for i in questions]
-    return _finish(data, ProtocolName.CHAT, "chat", prompts, (), max_tokens, shots, seed)
+    return "", tuple(turns)
 
 
 def _run_eval_plan(data: Gsm8k, num_questions: int | None, seed: int, max_tokens: int) -> ProtocolPlan:
@@ -194,26 +224,18 @@ EXTENSION_INDEX_OFFSET = 100_000  # train question i is recorded as index 100000
 
 
 def extension_plan(data: Gsm8k, plan: ProtocolPlan, count: int) -> ProtocolPlan | None:
-    """More questions for undecided cells, with the plan's template: first the test questions the
-    plan did not ask (continuing its seeded order), then train questions that are not shots, in
-    seeded order (recorded as EXTENSION_INDEX_OFFSET + i). None when the protocol has no clean
-    extension (sglang-fewshot, sglang-run-eval: their questions are fixed by sglang's test)."""
+    """`count` more questions for undecided cells, with the plan's template: first the test
+    questions the plan did not ask (continuing its seeded order), then train questions that are not
+    shots, in their seeded order (recorded as EXTENSION_INDEX_OFFSET + i). None when the protocol has
+    no clean extension (sglang-fewshot, sglang-run-eval: their questions are fixed by sglang's test)."""
     if not can_extend(plan) or count <= 0:
         return None
     asked = {p.index for p in plan.prompts}
-    unasked_test = [i for i in _question_order(len(data.test), None, plan.seed) if i not in asked]
-    pool = [i for i in range(len(data.train)) if i not in set(plan.shot_indices)]
-    random.Random(plan.seed + 1).shuffle(pool)
-    chosen = [(i, data.test[i]) for i in unasked_test[:count]]
-    chosen += [(EXTENSION_INDEX_OFFSET + i, data.train[i]) for i in pool[:count - len(chosen)]]
-    if plan.name == "clean":
-        prefix = "".join(_clean_example(data.train[i]) for i in plan.shot_indices)
-        prompts = [Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:")
-                   for index, problem in chosen]
-    else:
-        turns = plan.prompts[0].messages[:-1] if plan.prompts and plan.prompts[0].messages else ()
-        prompts = [Prompt(index, problem.gold, messages=(*turns, ("user", f"Question: {problem.question}")))
-                   for index, problem in chosen]
+    chosen = [(i, data.test[i]) for i in _question_order(len(data.test), None, plan.seed) if i not in asked]
+    chosen += [(EXTENSION_INDEX_OFFSET + i, data.train[i]) for i in _train_pool(data, plan.shot_indices, plan.seed)
+               if EXTENSION_INDEX_OFFSET + i not in asked]
+    prefix, turns = _shots(plan.name, data, plan.shot_indices)
+    prompts = [_prompt(plan.name, index, problem, prefix, turns) for index, problem in chosen[:count]]
     return ProtocolPlan(plan.name, plan.endpoint, tuple(prompts), plan.stop, plan.max_tokens, plan.temperature,
                         plan.shot_indices, plan.seed, plan.dataset_sha256, plan.fingerprint + "+ext")
 

@@ -25,7 +25,7 @@ from harness.gate.sequential import EarlyStop
 from harness.gate.stats import preload as preload_statistics
 from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings
-from harness.gsm8k.protocol import ProtocolPlan, can_extend
+from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, can_extend
 from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
 from harness.results.provenance import closed_run_info, new_run_info
@@ -105,8 +105,9 @@ class CellJobs:
         early_stop = None
         budget = run_budget(self.inputs)
         if budget.early_stop > 0:
-            early_stop = EarlyStop(cell.model.floor, len(self.inputs.plan.prompts), budget.early_stop,
-                                   suite.gate.extraction, order=tuple(p.index for p in self.inputs.plan.prompts))
+            # The looks test the floor, which holds for test questions: they look at those alone.
+            test = tuple(p.index for p in self.inputs.plan.prompts if p.index < EXTENSION_INDEX_OFFSET)
+            early_stop = EarlyStop(cell.model.floor, len(test), budget.early_stop, suite.gate.extraction, order=test)
         return CellJob(spec=spec, settings=settings, queued_at=self.queued_at[cell.cell_id],
                        stall_timeout_s=suite.stall_timeout_s, early_stop=early_stop)
 

@@ -134,6 +134,7 @@ class Suite(Strict):
     cluster: ClusterSpec = ClusterSpec()
     dataset: DatasetSpec = DatasetSpec()
     protocol: ProtocolName = ProtocolName.CLEAN
+    # null: the whole test split; past its 1,319 (clean, chat): then train questions, for the paired tests.
     num_questions: Annotated[int, Field(ge=1)] | None = 200
     max_tokens: Annotated[int, Field(ge=1)] = 512
     seed: int = 0

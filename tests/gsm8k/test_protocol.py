@@ -7,7 +7,7 @@ import json
 import pytest
 
 from harness.errors import ConfigError
-from harness.gsm8k.protocol import SGLANG_STOP, build_plan
+from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, SGLANG_STOP, build_plan, extension_plan
 
 
 def test_sglang_fewshot_prompt_for_question_0_is_byte_exact(gsm8k, _gsm8k_env):
@@ -54,8 +54,21 @@ def test_fingerprint_changes_with_what_matters(gsm8k):
 
 
 def test_too_many_questions_is_a_config_error(gsm8k):
-    with pytest.raises(ConfigError, match="1319"):
-        build_plan(gsm8k, "clean", 5000, 0)
+    with pytest.raises(ConfigError, match="all 1319 test questions, then train questions"):
+        build_plan(gsm8k, "clean", 50_000, 0)
+    with pytest.raises(ConfigError, match="test questions only"):
+        build_plan(gsm8k, "sglang-fewshot", 2000, 0)
+
+
+def test_past_the_test_split_a_clean_plan_takes_train_questions_never_the_shots(gsm8k):
+    plan = build_plan(gsm8k, "clean", 2638, 0)
+    test = [p.index for p in plan.prompts if p.index < EXTENSION_INDEX_OFFSET]
+    train = [p.index - EXTENSION_INDEX_OFFSET for p in plan.prompts if p.index >= EXTENSION_INDEX_OFFSET]
+    assert len(plan.prompts) == 2638 and sorted(test) == list(range(1319)) and len(set(train)) == 1319
+    assert not set(train) & set(plan.shot_indices)
+    assert [p.index for p in plan.prompts[:1319]] == [p.index for p in build_plan(gsm8k, "clean", None, 0).prompts]
+    more = extension_plan(gsm8k, build_plan(gsm8k, "clean", 200, 0), 2438)  # the same questions, extended
+    assert [p.index for p in more.prompts] == [p.index for p in plan.prompts[200:]]
 
 
 def test_run_eval_prompts_are_byte_identical_to_gsm8keval(gsm8k):
