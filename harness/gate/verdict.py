@@ -109,6 +109,20 @@ def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, stage
     return _Part(Status.INCONCLUSIVE, reason + f"; {how} not under min_effect {gate.min_effect * 100:.3g} pts")
 
 
+def _comparisons(answers: dict[int, bool], gate: GateSpec, others: dict[str, CellOutcome | None]) -> dict[str, Paired]:
+    """label -> the paired comparison with each measured other side that shares a question. The
+    reference may differ by `gate.tolerance`; the cell's own earlier runs (history, pinned) by nothing."""
+    found = {}
+    for label, other in others.items():
+        if other is None or other.score is None or other.error is not None:
+            continue
+        margin = gate.tolerance if label == "reference" else 0.0
+        paired = paired_comparison(answers, correctness(other.questions, gate.extraction), margin)
+        if paired is not None:
+            found[label] = paired
+    return found
+
+
 def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: CellOutcome | None = None,
           pinned: CellOutcome | None = None, reference_problem: str | None = None) -> Verdict:
@@ -127,13 +141,10 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     test_answers = {i: ok for i, ok in answers.items() if i < EXTENSION_INDEX_OFFSET}
     n, correct = len(answers), sum(answers.values())
     low, high = wilson_interval(correct, n)
-    comparisons = [(label, paired_comparison(answers, correctness(other.questions, gate.extraction), margin))
-                   for label, other, margin in (("reference", reference, gate.tolerance),
-                                                ("the last passing run", history, 0.0),
-                                                ("the pinned run", pinned, 0.0))
-                   if other is not None and other.score is not None and other.error is None]
+    found = _comparisons(answers, gate, {"reference": reference, "the last passing run": history,
+                                         "the pinned run": pinned})
     floor_tested = stage.floor_tested and floor > 0 and bool(test_answers)
-    tests = floor_tested + sum(paired is not None for _, paired in comparisons)
+    tests = floor_tested + len(found)
     alpha = stage.alpha / max(tests, 1)
     reasons = [f"accuracy {correct / n:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
     status = Status.PASS
@@ -141,12 +152,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
         status = Status.FAIL
         reasons.append(outcome.stopped_early)
     floor_part, floor_p = _floor_part(test_answers, floor, alpha, floor_tested)
-    parts = [floor_part]
-    found: dict[str, Paired] = {}
-    for label, paired in comparisons:
-        if paired is not None:
-            found[label] = paired
-            parts.append(_paired_part(paired, label, gate, alpha, stage, n))
+    parts = [floor_part, *(_paired_part(paired, label, gate, alpha, stage, n) for label, paired in found.items())]
     for part in parts:
         status = _worse(status, part.status)
         if part.reason:
