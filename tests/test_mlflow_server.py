@@ -113,12 +113,16 @@ def test_runs_on_a_tracking_server_then_it_goes_down_and_sync_completes(ray_loca
         stop_server(server)
 
 
-def ui_dom(url: str) -> str:
+def ui_dom(url: str, screenshot: Path | None = None) -> str:
     """The MLflow UI's page at `url` as headless Chromium renders it (its script run, its API calls
-    answered), wide enough that the runs table renders every column it was asked for."""
+    answered), wide enough that the runs table renders every column it was asked for; with
+    `screenshot`, also a picture of it there."""
     chromium = shutil.which("chromium")
     assert chromium, "chromium is missing: `make test` installs it (apt-get install chromium)"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=2600,1400", "--virtual-time-budget=30000"]
+    if screenshot is not None:
+        subprocess.run([chromium, *flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=180)
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
     done = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
     return done.stdout
 
@@ -164,7 +168,7 @@ def test_two_nights_on_clean_runners_share_their_history_through_the_tracking_se
         experiment = client.get_experiment_by_name("demo")
         parents = [r for r in client.search_runs([experiment.experiment_id]) if "results_run_id" in r.data.tags]
         assert {p.info.status for p in parents} == {"FINISHED"} and len(parents) == 2
-        cells_page = ui_dom(cells_view_url(uri, experiment.experiment_id))
+        cells_page = ui_dom(cells_view_url(uri, experiment.experiment_id), screenshot=tmp_path / "cells.png")
         for column in ("accuracy", "ci_low", "ci_high", "n", "mcnemar_p", "history_p", "attention_backend",
                        "unified_memory", "status"):
             assert f">{column}<" in cells_page, column
