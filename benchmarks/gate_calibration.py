@@ -272,12 +272,14 @@ def _dropped(inputs: RunInputs, scenario: Scenario) -> dict[str, float]:
     return {cell.cell_id: scenario.dropped_cell}
 
 
-def calibration(data, suites: list[str], nights: int) -> None:
+def calibration(data, suites: list[str], nights: int, chosen: list[int] | None = None) -> None:
     print(f"healthy nights ({nights} trials of two nights each; the second has the first as history)")
     print(f"  {'suite':<8} {'scenario':<24} {'any fail':>9} {'any fail (1st night)':>21} {'any inconclusive':>17}"
           f" {'extended':>9} {'dropped cell passed':>20}")
     for name in suites:
         for number, scenario in enumerate(SCENARIOS):
+            if chosen is not None and number not in chosen:
+                continue
             inputs = suite_inputs(name, data, scenario)
             dropped = _dropped(inputs, scenario)
             excluded = set(dropped)
@@ -352,13 +354,15 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--suites", default="demo,nightly")
     parser.add_argument("--only", default="calibration,power,early-stop")
+    parser.add_argument("--scenarios", default=None, help="Scenario numbers to play (0-based, comma-separated)")
     args = parser.parse_args()
     data = load_gsm8k()
     parts = args.only.split(",")
     if "early-stop" in parts:
         early_stop(data)
     if "calibration" in parts:
-        calibration(data, args.suites.split(","), args.nights)
+        chosen = [int(n) for n in args.scenarios.split(",")] if args.scenarios else None
+        calibration(data, args.suites.split(","), args.nights, chosen)
     if "power" in parts:
         power(data, args.trials)
 

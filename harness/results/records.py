@@ -206,6 +206,7 @@ class RunInfo(Record):
     package_versions: dict[str, str] = {}  # the driver's python, ray, mlflow, ... (servers report sglang's)
     protocol: str
     extraction: str = "flexible"  # the answer extraction that gated (gate.extraction)
+    gate_budget: str | None = None  # where the run's alpha went (harness.gate.budget.Budget.describe)
     protocol_fingerprint: str | None = None
     dataset_sha256: str | None = None
     started_at: str

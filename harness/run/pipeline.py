@@ -187,6 +187,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     """Run every cell of `inputs.matrix` not yet judged, gate each, and write every sink
     (`sinks(store)`; default: MLflow when tracking, the results folder, the console)."""
     store, info, kept = _open(inputs, options)
+    info = info.model_copy(update={"gate_budget": run_budget(inputs).describe()})
     suite = inputs.loaded.suite
     history = History.of(archives(options.results_dir, options.tracking_uri), suite.suite,
                          inputs.plan.fingerprint, info.run_id, suite.gate.pinned_run)
