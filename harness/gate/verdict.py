@@ -40,6 +40,7 @@ class Stage:
 class _Part:
     status: Status
     reason: str | None = None
+    undecided: str = ""  # why it leaves the cell open: said only when nothing failed it
 
 
 def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, bool]:
@@ -106,7 +107,7 @@ def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, stage
            else f"a drop of {paired.drop * 100:.1f} pts")
     if label != "reference" and paired.n < MIN_SHARED_SHARE * cell_n:
         return _Part(Status.PASS, reason + f"; {how}, on too few of the cell's {cell_n} questions to hold it")
-    return _Part(Status.INCONCLUSIVE, reason + f"; {how} not under min_effect {gate.min_effect * 100:.3g} pts")
+    return _Part(Status.INCONCLUSIVE, reason, f"; {how} not under min_effect {gate.min_effect * 100:.3g} pts")
 
 
 def _comparisons(answers: dict[int, bool], gate: GateSpec, others: dict[str, CellOutcome | None]) -> dict[str, Paired]:
@@ -155,8 +156,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     parts = [floor_part, *(_paired_part(paired, label, gate, alpha, stage, n) for label, paired in found.items())]
     for part in parts:
         status = _worse(status, part.status)
-        if part.reason:
-            reasons.append(part.reason)
+    reasons += [part.reason + (part.undecided if status is not Status.FAIL else "") for part in parts if part.reason]
     paired = found.get("reference")
     if paired is not None and paired.n < MIN_SHARED_SHARE * n:
         reference_problem = reference_problem or (f"reference unavailable: only {paired.n} questions shared of "
