@@ -272,7 +272,7 @@ def _dropped(inputs: RunInputs, scenario: Scenario) -> dict[str, float]:
     return {cell.cell_id: scenario.dropped_cell}
 
 
-def calibration(data, suites: list[str], nights: int, chosen: list[int] | None = None) -> None:
+def calibration(data, suites: list[str], nights: int, chosen: list[int] | None = None, first_trial: int = 0) -> None:
     print(f"healthy nights ({nights} trials of two nights each; the second has the first as history)")
     print(f"  {'suite':<8} {'scenario':<24} {'any fail':>9} {'any fail (1st night)':>21} {'any inconclusive':>17}"
           f" {'extended':>9} {'dropped cell passed':>20}")
@@ -287,7 +287,7 @@ def calibration(data, suites: list[str], nights: int, chosen: list[int] | None =
                 first_model = inputs.matrix.cells[0].model.id
                 excluded |= {c.cell_id for c in inputs.matrix.cells if c.model.id == first_model and c.is_reference}
             fails = first_fails = undecided = extended = dropped_passed = 0
-            for trial in range(nights):
+            for trial in range(first_trial, first_trial + nights):
                 first, second = play_trial(inputs, data, scenario, seed=trial * 7919 + number)
                 healthy = {k: v for k, v in second.items() if k not in excluded}
                 fails += any(status is Status.FAIL for status, _ in healthy.values())
@@ -355,6 +355,7 @@ def main() -> None:
     parser.add_argument("--suites", default="demo,nightly")
     parser.add_argument("--only", default="calibration,power,early-stop")
     parser.add_argument("--scenarios", default=None, help="Scenario numbers to play (0-based, comma-separated)")
+    parser.add_argument("--first-trial", type=int, default=0, help="Start at this trial (more nights, other seeds)")
     args = parser.parse_args()
     data = load_gsm8k()
     parts = args.only.split(",")
@@ -362,7 +363,7 @@ def main() -> None:
         early_stop(data)
     if "calibration" in parts:
         chosen = [int(n) for n in args.scenarios.split(",")] if args.scenarios else None
-        calibration(data, args.suites.split(","), args.nights, chosen)
+        calibration(data, args.suites.split(","), args.nights, chosen, args.first_trial)
     if "power" in parts:
         power(data, args.trials)
 
