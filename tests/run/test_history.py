@@ -1,0 +1,50 @@
+"""What earlier runs give a new one: each cell's last passing answers, and the pinned run's."""
+
+from __future__ import annotations
+
+from harness.results.records import CellResult, QuestionRecord, RunInfo, Status
+from harness.run.history import History
+
+
+def info(run_id: str, fingerprint: str = "fp") -> RunInfo:
+    return RunInfo(run_id=run_id, suite="nightly", config_path="", config_sha256="", engine="sim",
+                   harness_version="0", protocol="clean", protocol_fingerprint=fingerprint,
+                   started_at=f"2026-12-0{run_id[-1]}T02:00:00+00:00")
+
+
+class MemoryArchive:
+    """A RunArchive over dicts: runs oldest first, their cells, one answer per cell."""
+
+    def __init__(self, runs: list[tuple[RunInfo, dict[str, Status]]]) -> None:
+        self.infos = [i for i, _ in runs]
+        self.statuses = {i.run_id: cells for i, cells in runs}
+
+    def runs(self, suite: str) -> list[RunInfo]:
+        return self.infos
+
+    def cells(self, run_id: str) -> list[CellResult]:
+        return [CellResult(cell_id=cell, model="m", factors={}, args=[], resolved={}, status=status, reason="")
+                for cell, status in self.statuses[run_id].items()]
+
+    def questions(self, run_id: str, cell_id: str) -> list[QuestionRecord]:
+        return [QuestionRecord(index=0, prompt_sha=run_id, gold="1", pred="1", correct=True, finish_reason="stop",
+                               output="", latency_s=0.0, output_tokens=1)]
+
+
+def test_each_cell_pairs_with_its_own_last_pass_and_the_pinned_run():
+    archive = MemoryArchive([(info("night-1"), {"a": Status.PASS, "b": Status.PASS}),
+                             (info("night-2"), {"a": Status.FAIL, "b": Status.PASS}),
+                             (info("night-3", "other"), {"a": Status.PASS, "b": Status.PASS})])
+    history = History.of(archive, "nightly", "fp", "night-4", pinned_run_id="night-1")
+    assert history.pinned_problem is None
+    assert history.last_pass("a")[0] == "night-1"  # night-2 failed it; night-3 asked other questions
+    assert history.last_pass("b")[0] == "night-2"
+    assert history.pinned("b")[0] == "night-1" and history.pinned("b")[1].questions[0].prompt_sha == "night-1"
+
+
+def test_a_pinned_run_that_cannot_be_paired_says_why():
+    archive = MemoryArchive([(info("night-1"), {"a": Status.PASS}), (info("night-2", "other"), {"a": Status.PASS})])
+    missing = History.of(archive, "nightly", "fp", "night-3", pinned_run_id="night-9")
+    assert missing.pinned("a") is None and "is not a run of suite nightly" in missing.pinned_problem
+    other = History.of(archive, "nightly", "fp", "night-3", pinned_run_id="night-2")
+    assert other.pinned("a") is None and "asked other questions" in other.pinned_problem
