@@ -54,8 +54,12 @@ def _probe_suite(loaded: LoadedSuite, cell: Cell, commit: str, build: str) -> tu
 def run_bisect(suite_path: Path, cell_id: str, good: str, bad: str, repo: Path | None, build: str,
                num_questions: int | None, results_dir: Path, console: Console) -> BisectResult:
     loaded = load_suite(suite_path)
+    # A probe is judged here, against the good commit's answers on the planned questions: the run
+    # that measures it never extends.
+    updates: dict = {"gate": loaded.suite.gate.model_copy(update={"extend_to": None})}
     if num_questions is not None:
-        loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update={"num_questions": num_questions})})
+        updates["num_questions"] = num_questions
+    loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
     cells = expand(loaded.suite).by_id()
     if cell_id not in cells:
         raise ConfigError(f"--cell {cell_id}: not a cell of {suite_path}; `regress plan` lists them")
