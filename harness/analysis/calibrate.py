@@ -69,7 +69,3 @@ def pinnable_run(runs: list[tuple[RunInfo, list[CellResult]]]) -> RunInfo | None
             return info
     return None
 
-
-def latest_lines(cells: list[CellResult]) -> list[CellResult]:
-    """cells.jsonl as readers take it: a later line of a cell (after its extension) replaces the earlier."""
-    return list({cell.cell_id: cell for cell in cells}.values())

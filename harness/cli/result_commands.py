@@ -140,10 +140,10 @@ def assess(
     """
     from harness.analysis.night import assess as assess_run
     from harness.results.catalog import resolve_run
+    from harness.results.records import latest_per_cell
 
     store = resolve_run(results_dir, run_id)
-    latest = {result.cell_id: result for result in store.cells()}  # a later line replaces an earlier one
-    verdict = assess_run(list(latest.values()), max_error_share)
+    verdict = assess_run(list(latest_per_cell(store.cells()).values()), max_error_share)
     print(verdict.headline)
     raise typer.Exit(verdict.exit_code)
 
@@ -166,10 +166,11 @@ def calibrate(
     """
     from rich.table import Table
 
-    from harness.analysis.calibrate import latest_lines, pinnable_run, propose_floors
+    from harness.analysis.calibrate import pinnable_run, propose_floors
     from harness.errors import ConfigError
     from harness.gsm8k.dataset import load_gsm8k
     from harness.gsm8k.protocol import build_plan
+    from harness.results.records import latest_per_cell
     from harness.suite.config import load_suite
 
     loaded = load_suite(suite)
@@ -182,7 +183,7 @@ def calibrate(
     if not infos:
         raise ConfigError(f"no finished run of suite {spec.suite!r} with its protocol ({fingerprint}) in "
                           f"{results_dir} or MLflow: run it first (`regress run {suite}`), then calibrate")
-    measured = [(info, latest_lines(archive.cells(info.run_id))) for info in infos]
+    measured = [(info, list(latest_per_cell(archive.cells(info.run_id)).values())) for info in infos]
     proposals = propose_floors(measured, {model.id: model.floor for model in spec.models})
     table = Table(title=f"floors of {spec.suite} from {len(infos)} run(s), protocol {fingerprint}")
     for column in ("model", "runs", "passing cells", "mean", "lowest", "lowest 95% bound", "floor now", "proposed"):

@@ -62,8 +62,13 @@ class Paired:
         """One-sided upper confidence bound of the drop (normal approximation, as `drop_ci`)."""
         from scipy.stats import norm
 
-        variance = max((self.losses + self.gains) / self.n - self.drop**2, 0.0) / self.n
-        return self.drop + float(norm.ppf(confidence)) * math.sqrt(variance)
+        return self.drop + float(norm.ppf(confidence)) * _drop_sd(self.losses, self.gains, self.n)
+
+
+def _drop_sd(losses: int, gains: int, n: int) -> float:
+    """Standard error of the paired drop (losses - gains) / n on n pairs."""
+    drop = (losses - gains) / n
+    return math.sqrt(max((losses + gains) / n - drop**2, 0.0) / n)
 
 
 def drop_above_margin_p(losses: int, gains: int, n: int, margin: float) -> float:
@@ -101,8 +106,7 @@ def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], margin:
     cell_accuracy = sum(cell[i] for i in shared) / n
     reference_accuracy = sum(reference[i] for i in shared) / n
     drop = (losses - gains) / n
-    variance = max((losses + gains) / n - drop**2, 0.0) / n
-    half = float(norm.ppf(0.5 + confidence / 2)) * math.sqrt(variance)
+    half = float(norm.ppf(0.5 + confidence / 2)) * _drop_sd(losses, gains, n)
     discordant = losses + gains
     return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,
                   reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - half, drop + half),

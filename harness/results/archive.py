@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from harness.errors import ConfigError
 from harness.results.catalog import runs_of
-from harness.results.records import CellResult, QuestionRecord, RunInfo
+from harness.results.records import CellResult, QuestionRecord, RunInfo, latest_per_cell
 from harness.results.store import ResultsStore
 
 CELLS_ARTIFACT = "cells.jsonl"
@@ -217,5 +217,4 @@ def find_run(archive: Archives, name: str) -> LoadedRun:
         if info is None:
             raise ConfigError(f"{name}: no such run in the results folder or the tracking store; "
                               "`latest:SUITE` names the newest run of a suite")
-    latest = {cell.cell_id: cell for cell in archive.cells(info.run_id)}
-    return LoadedRun(info, latest, archive)
+    return LoadedRun(info, latest_per_cell(archive.cells(info.run_id)), archive)

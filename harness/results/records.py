@@ -222,6 +222,12 @@ class RunInfo(Record):
     tags: dict[str, str] = {}  # `regress run --tag KEY=VALUE`: a PR number, an sglang ref; MLflow tags too
 
 
+def latest_per_cell(results: list[CellResult]) -> dict[str, CellResult]:
+    """cells.jsonl as every reader takes it: a later line of a cell (after its extension, or a
+    `--resume --retry-errors`) replaces the earlier one."""
+    return {result.cell_id: result for result in results}
+
+
 def status_counts(results: list[CellResult]) -> dict[str, int]:
     """Cells per verdict, in Status order, leaving out verdicts no cell has."""
     tally = Counter(r.status.value for r in results)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.results.archive import RunArchive
 from harness.results.catalog import answers_outcome
-from harness.results.records import CellOutcome, CellResult, RunInfo, Status
+from harness.results.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell
 
 MAX_RUNS_SEARCHED = 30
 
@@ -45,7 +45,7 @@ class History:
 
     def _results(self, run: RunInfo) -> dict[str, CellResult]:
         if run.run_id not in self._cells:
-            self._cells[run.run_id] = {result.cell_id: result for result in self.archive.cells(run.run_id)}
+            self._cells[run.run_id] = latest_per_cell(self.archive.cells(run.run_id))
         return self._cells[run.run_id]
 
     def latest(self) -> list[CellResult]:

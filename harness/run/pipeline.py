@@ -29,7 +29,7 @@ from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, can_ext
 from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
 from harness.results.provenance import closed_run_info, new_run_info
-from harness.results.records import CellOutcome, CellResult, RunInfo, Status, run_exit_code
+from harness.results.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell, run_exit_code
 from harness.results.sinks import Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
 from harness.run.cell import CellJob
@@ -136,8 +136,7 @@ def _open(inputs: RunInputs, options: RunOptions) -> tuple[ResultsStore, RunInfo
     if options.resume:
         store = ResultsStore.existing(options.results_dir, options.resume)
         info = store.read_run().model_copy(update={"ended_at": None, "interrupted": False})
-        latest = {result.cell_id: result for result in store.cells()}  # a later line replaces an earlier one
-        kept = [r for r in latest.values() if not (options.retry_errors and r.status is Status.ERROR)]
+        kept = [r for r in latest_per_cell(store.cells()).values() if not (options.retry_errors and r.status is Status.ERROR)]
         return store, info, kept
     suite = inputs.loaded.suite
     run_id = new_run_id(suite.suite)

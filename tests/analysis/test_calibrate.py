@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.analysis.calibrate import latest_lines, pinnable_run, propose_floors
-from harness.results.records import CellResult, RunInfo, Status
+from harness.analysis.calibrate import pinnable_run, propose_floors
+from harness.results.records import CellResult, RunInfo, Status, latest_per_cell
 
 
 def info(run_id: str, interrupted: bool = False) -> RunInfo:
@@ -47,4 +47,4 @@ def test_the_run_to_pin_is_the_newest_in_which_every_cell_that_ran_passed():
 
 def test_a_later_line_of_a_cell_replaces_the_earlier_one():
     first, again = cell("m.x", "m", Status.INCONCLUSIVE, 170, 200), cell("m.x", "m", Status.PASS, 1180, 1319)
-    assert latest_lines([first, again]) == [again]
+    assert list(latest_per_cell([first, again]).values()) == [again]
