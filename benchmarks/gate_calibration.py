@@ -45,7 +45,7 @@ from harness.gate.sequential import EarlyStop, Looks  # noqa: E402
 from harness.gsm8k.dataset import load_gsm8k  # noqa: E402
 from harness.gsm8k.evaluator import score  # noqa: E402
 from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, build_plan  # noqa: E402
-from harness.results.records import CellError, CellOutcome, QuestionRecord, RunInfo, Status  # noqa: E402
+from harness.records import CellError, CellOutcome, QuestionRecord, RunInfo, Status  # noqa: E402
 from harness.results.sinks import Sinks  # noqa: E402
 from harness.run.extension import extend  # noqa: E402
 from harness.run.gating import Gating  # noqa: E402

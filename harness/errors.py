@@ -10,44 +10,29 @@ exit code a command ends with when it escapes (`harness.cli` maps them in one pl
     │   └── ProbeError               a bisect probe could not be measured (servers ran: not exit 2)
     └── TrackingError                MLflow unreachable or refusing; results/ is still written
 
-`ErrorKind` names why a cell is `error`; it is recorded on outcomes and in cells.jsonl.
+`ErrorKind` (in the contract, harness.records) names why a cell is `error`; it is recorded on outcomes
+and in cells.jsonl.
 Messages say what happened and what to do about it.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from harness.records import ErrorKind, ExitCode
 
-
-class ErrorKind(str, Enum):
-    """Why a cell could not be measured (never a score)."""
-
-    SERVER_EXITED = "server_exited"  # during startup: bad flag, import error, OOM
-    NOT_READY = "not_ready"  # startup_timeout_s passed
-    SERVER_INFO = "server_info"  # /server_info unreadable
-    CRASHED = "crashed"  # exited during evaluation
-    HUNG = "hung"  # no answers and a silent /health_generate
-    TRANSPORT = "transport"  # too many questions failed in transport
-    NO_ANSWERS = "no_answers"  # nothing was asked
-    LEFTOVER_PROCESSES = "leftover_processes"  # server processes survived the stop
-    WORKER_DIED = "worker_died"  # the Ray worker (or its node) died twice
-    WORKER_FAILED = "worker_failed"  # Ray raised for the cell's task
-    NO_NODE = "no_node"  # no node could hold the cell for cluster.wait_for_nodes_s
-
-    def __str__(self) -> str:
-        return self.value
+__all__ = ["ErrorKind", "ExitCode", "RegressError", "ConfigError", "DatasetError", "InfraError",
+           "ServerError", "ClusterError", "ProbeError", "TrackingError"]
 
 
 class RegressError(Exception):
     """Root of every error the harness raises deliberately."""
 
-    exit_code = 3
+    exit_code = ExitCode.UNDECIDED
 
 
 class ConfigError(RegressError):
     """A suite, world file, command-line value or dataset is invalid. Exit code 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.CONFIG
 
 
 class DatasetError(ConfigError):

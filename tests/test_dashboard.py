@@ -11,7 +11,7 @@ import pytest
 
 from harness.analysis.dashboard import build_html, load_input
 from harness.results.archive import archives
-from harness.results.records import CellResult, QuestionRecord, RunInfo, Status
+from harness.records import CellResult, QuestionRecord, RunInfo, Status
 from harness.results.store import ResultsStore
 
 BACKENDS = ("fa3", "triton")

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.results.records import CellResult
+from harness.records import CellResult
 from tests.helpers import INCIDENT_WORLD, machine_s
 
 # scenario -> (fault fields, expected status, text expected in the reason)

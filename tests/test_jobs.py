@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from harness.analysis.night import assess
-from harness.results.records import CellResult, Status
+from harness.records import CellResult, Status
 from tests.helpers import INCIDENT_WORLD, ROOT
 
 

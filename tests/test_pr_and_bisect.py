@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from harness.bisect.search import bisect_commits
 from harness.cli import app
-from harness.results.records import CellOutcome, Score, Throughput
+from harness.records import CellOutcome, Score, Throughput
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand
 from harness.suite.selection import load_selection, select_cells

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.results.records import CellResult, RunInfo
+from harness.records import CellResult, RunInfo
 from harness.results.store import ResultsStore
 from tests.helpers import INCIDENT_WORLD, ROOT
 
@@ -230,7 +230,7 @@ def test_fail_fast_stops_at_the_first_regression(ray_local, tmp_path):
 
 def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(tmp_path):
     from harness.results.archive import FolderArchive
-    from harness.results.records import Status, Timings
+    from harness.records import Status, Timings
     from harness.run.history import History
     from harness.run.pipeline import failed_first
     from harness.run.scheduling.durations import Durations

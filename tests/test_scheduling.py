@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from harness.results.records import CellResult, Status, Timings
+from harness.records import CellResult, Status, Timings
 from harness.run.scheduling.durations import Durations
 from harness.run.scheduling.forecast import Forecast, forecast, improve
 from harness.run.scheduling.inventory import SLOT_PATIENCE_S

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from harness.gate.stats import wilson_interval
-from harness.results.records import CellResult, RunInfo, Status
+from harness.records import CellResult, RunInfo, Status
 
 
 @dataclass(frozen=True)

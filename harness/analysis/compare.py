@@ -17,7 +17,7 @@ from harness.errors import ConfigError
 from harness.gate.stats import paired_comparison
 from harness.gate.verdict import correctness
 from harness.results.archive import LoadedRun
-from harness.results.records import CellResult, Status
+from harness.records import CellResult, Status
 
 
 class ChangeKind(str, Enum):

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.results.records import CellResult, Status
-
-REGRESSIONS, BROKEN = 1, 4
+from harness.records import CellResult, ExitCode, Status
 
 
 @dataclass(frozen=True)
 class Assessment:
-    exit_code: int
+    exit_code: ExitCode
     headline: str
 
 
@@ -42,13 +40,13 @@ def assess(results: list[CellResult], max_error_share: float = 0.1) -> Assessmen
     suffix = ("; " + "; ".join(tail)) if tail else ""
     if regressions:
         names = ", ".join(r.cell_id for r in regressions[:5]) + (" ..." if len(regressions) > 5 else "")
-        return Assessment(REGRESSIONS, f"REGRESSIONS: {len(regressions)} of {len(measured)} cells fail or "
+        return Assessment(ExitCode.REGRESSIONS, f"REGRESSIONS: {len(regressions)} of {len(measured)} cells fail or "
                                        f"mismatch ({names}){suffix}")
     if measured and (len(errors) / len(measured) > max_error_share or broken_references):
         why = (f"reference cell(s) {', '.join(r.cell_id for r in broken_references)} could not be measured"
                if broken_references else f"more than {max_error_share:.0%} of the cells")
-        return Assessment(BROKEN, f"BROKEN RUN: {len(errors)} of {len(measured)} cells could not be measured "
+        return Assessment(ExitCode.BROKEN, f"BROKEN RUN: {len(errors)} of {len(measured)} cells could not be measured "
                                   f"({why}); first: {errors[0].cell_id}: {errors[0].reason.splitlines()[0][:200]}")
     passed = sum(r.status is Status.PASS for r in measured)
     word = "UNDECIDED" if undecided else "GREEN"
-    return Assessment(0, f"{word}: {passed} of {len(measured)} cells pass{suffix}")
+    return Assessment(ExitCode.GREEN, f"{word}: {passed} of {len(measured)} cells pass{suffix}")

@@ -5,7 +5,7 @@ results run id and cells already logged are skipped, so syncing twice creates no
 from __future__ import annotations
 
 from harness.errors import TrackingError
-from harness.results.records import RunInfo
+from harness.records import RunInfo
 from harness.results.sinks import FinishedCell, MlflowSink
 from harness.results.store import ResultsStore
 

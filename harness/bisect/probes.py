@@ -14,7 +14,7 @@ from harness.gate.budget import Budget
 from harness.gate.verdict import Stage, judge
 from harness.gsm8k.dataset import load_gsm8k
 from harness.gsm8k.protocol import build_plan
-from harness.results.records import CellOutcome, Status
+from harness.records import CellOutcome, Status
 from harness.run.pipeline import RunInputs, RunOptions, run_suite
 from harness.run.ray.cluster import check_fits, ray_cluster
 from harness.sim.world import load_world

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.errors import ConfigError, ProbeError
-from harness.results.records import CellOutcome
+from harness.records import CellOutcome
 
 
 @dataclass(frozen=True)

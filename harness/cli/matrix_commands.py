@@ -19,7 +19,7 @@ from harness.cli.app import (
     load_matrix,
 )
 from harness.engine.check import MODELS_DIR
-from harness.errors import ConfigError
+from harness.errors import ConfigError, ExitCode
 from harness.suite.matrix import select_listed
 
 if TYPE_CHECKING:
@@ -244,4 +244,4 @@ def check(
     console.print(f"{len(checked) - len(refused)} of {len(checked)} cells accepted, {len(refused)} refused, "
                   f"in {time.monotonic() - started:.1f} s"
                   + (f" (stand-ins for {', '.join(checked[0].stand_ins)})" if checked and checked[0].stand_ins else ""))
-    raise typer.Exit(1 if refused else 0)
+    raise typer.Exit(ExitCode.REGRESSIONS if refused else ExitCode.GREEN)

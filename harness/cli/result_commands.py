@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from harness.cli.app import ResultsDirOpt, TrackingOpt, app, console
+from harness.records import ExitCode
 
 if TYPE_CHECKING:
     from harness.results.archive import Archives
@@ -59,7 +60,7 @@ def compare(
     console.print(Markdown(text))
     if markdown is not None:
         markdown.write_text(text)
-    raise typer.Exit(1 if any(c.change is ChangeKind.NEWLY_FAILING for c in changes) else 0)
+    raise typer.Exit(ExitCode.REGRESSIONS if any(c.change is ChangeKind.NEWLY_FAILING for c in changes) else ExitCode.GREEN)
 
 
 @app.command()
@@ -140,7 +141,7 @@ def assess(
     """
     from harness.analysis.night import assess as assess_run
     from harness.results.catalog import resolve_run
-    from harness.results.records import latest_per_cell
+    from harness.records import latest_per_cell
 
     store = resolve_run(results_dir, run_id)
     verdict = assess_run(list(latest_per_cell(store.cells()).values()), max_error_share)
@@ -170,7 +171,7 @@ def calibrate(
     from harness.errors import ConfigError
     from harness.gsm8k.dataset import load_gsm8k
     from harness.gsm8k.protocol import build_plan
-    from harness.results.records import latest_per_cell
+    from harness.records import latest_per_cell
     from harness.suite.config import load_suite
 
     loaded = load_suite(suite)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.engine.launch import planned_argv
 from harness.errors import ConfigError, InfraError
-from harness.results.records import Record
+from harness.records import Record
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Cell, Matrix, SkippedCell
 

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass, field
 
 from harness.gate.stats import below_floor_p
-from harness.results.records import QuestionRecord
+from harness.records import QuestionRecord
 
 FIRST_LOOK = 20
 

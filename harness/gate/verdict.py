@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from harness.errors import ErrorKind
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
-from harness.results.records import CellOutcome, QuestionRecord, Status, Verdict
+from harness.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
 
 MIN_SHARED_SHARE = 0.5  # a paired test on fewer shared questions than this share of the cell's proves little

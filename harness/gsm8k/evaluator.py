@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from harness.gsm8k.protocol import Prompt, ProtocolPlan
-from harness.results.records import QuestionRecord, Score, Throughput
+from harness.records import QuestionRecord, Score, Throughput
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 

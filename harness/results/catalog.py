@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.gsm8k.evaluator import score
-from harness.results.records import CellOutcome, QuestionRecord, RunInfo
+from harness.records import CellOutcome, QuestionRecord, RunInfo
 from harness.results.store import ResultsStore
 
 

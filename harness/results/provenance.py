@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness import __version__
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.results.records import SCHEMA_VERSION, CellResult, RunInfo, status_counts
+from harness.records import SCHEMA_VERSION, CellResult, RunInfo, status_counts
 
 HARNESS_ROOT = Path(__file__).resolve().parents[2]
 RECORDED_PACKAGES = ("ray", "mlflow", "aiohttp", "pydantic", "scipy", "datasets", "openai", "sglang")

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.engine.launch import planned_argv
-from harness.results.records import CellResult, RunInfo, Status, status_counts
+from harness.records import CellResult, RunInfo, Status, status_counts
 from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix

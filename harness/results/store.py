@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness.errors import ConfigError
-from harness.results.records import CellResult, QuestionRecord, RunInfo
+from harness.records import CellResult, QuestionRecord, RunInfo
 
 
 def new_run_id(suite: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results.archive import EXTENSION_QUESTIONS_ARTIFACT, QUESTIONS_ARTIFACT
-from harness.results.records import CellResult, QuestionRecord, RunInfo
+from harness.records import CellResult, ExitCode, QuestionRecord, RunInfo
 
 
 def default_tracking_uri(results_dir: Path) -> str:
@@ -90,8 +90,8 @@ class _Child:
 
 
 def run_verdict(exit_code: int | None) -> str:
-    """The parent run's `verdict` tag, from the run's exit code."""
-    return {0: "pass", 1: "regressions", 3: "undecided", 130: "interrupted"}.get(exit_code, "unknown")
+    """The parent run's `verdict` tag, from the run's exit code (`ExitCode.verdict`)."""
+    return ExitCode.word(exit_code)
 
 
 class Tracker:

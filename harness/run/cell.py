@@ -17,7 +17,7 @@ from harness.errors import ErrorKind, ServerError
 from harness.gate.sequential import EarlyStop, Looks
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.results.records import CellError, CellOutcome, QuestionRecord, ServerInfo, Timings
+from harness.records import CellError, CellOutcome, QuestionRecord, ServerInfo, Timings
 
 LOG_LIMIT_BYTES = 2 * 1024 * 1024
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from harness.gsm8k.protocol import ProtocolPlan, extension_plan
-from harness.results.records import CellOutcome
+from harness.records import CellOutcome
 from harness.run.gating import Gating
 from harness.suite.matrix import Cell
 

@@ -15,7 +15,7 @@ from harness.gate.budget import Budget
 from harness.gate.verdict import Stage, judge
 from harness.gsm8k.evaluator import score
 from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
-from harness.results.records import CellOutcome, CellResult, Status, Throughput, Verdict
+from harness.records import CellOutcome, CellResult, Status, Throughput, Verdict
 from harness.results.sinks import FinishedCell, Sinks
 from harness.run.history import History
 from harness.suite.config import GateSpec

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.results.archive import RunArchive
 from harness.results.catalog import answers_outcome
-from harness.results.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell
+from harness.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell
 
 MAX_RUNS_SEARCHED = 30
 

@@ -29,7 +29,7 @@ from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, can_ext
 from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
 from harness.results.provenance import closed_run_info, new_run_info
-from harness.results.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell, run_exit_code
+from harness.records import CellOutcome, CellResult, ExitCode, RunInfo, Status, latest_per_cell, run_exit_code
 from harness.results.sinks import Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
 from harness.run.cell import CellJob
@@ -64,7 +64,7 @@ class RunReport:
     info: RunInfo
     results: list[CellResult]
     answers: dict[str, CellOutcome]
-    exit_code: int
+    exit_code: ExitCode
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def _close(inputs: RunInputs, info: RunInfo, gating: Gating, sinks: Sinks, inter
     failing = [cells[r.cell_id].factor_values() for r in results if r.status.is_regression and r.cell_id in cells]
     passing = [cells[r.cell_id].factor_values() for r in results if r.status is Status.PASS and r.cell_id in cells]
     explanation = explain(failing, passing)
-    exit_code = 130 if interrupted else run_exit_code([r.status for r in results])
+    exit_code = ExitCode.INTERRUPTED if interrupted else run_exit_code([r.status for r in results])
     info = closed_run_info(info, results, exit_code, interrupted=interrupted,
                            attribution=str(explanation) if explanation else None)
     info = sinks.close(info, results)

@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from harness.sim.world import World
-from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS
+from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, flags_known
 
 
 def build_parser(backends: list[str] | None = None) -> argparse.ArgumentParser:
@@ -26,9 +26,18 @@ def build_parser(backends: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def add_arguments(parser: argparse.ArgumentParser, backends: list[str] | None = None) -> None:
-    """sglang's flags as far as the simulator honours them (`ServerArgs.add_cli_args` in spirit)."""
+    """sglang's flags as far as the simulator honours them (`ServerArgs.add_cli_args` in spirit):
+    every matrix axis's flag from the registry, then the fixed ones below that no axis defines (an
+    axis registered for `--kv-cache-dtype` replaces the plain flag, never clashes with it)."""
     choices = backends or list(SGLANG_ATTENTION_BACKENDS)
-    add = parser.add_argument
+    for axis in AXES.values():  # every matrix axis's flag, as sglang spells it
+        axis.add_to_parser(parser, choices)
+    from_axes = flags_known()
+
+    def add(flag: str, *aliases: str, **kwargs: object) -> None:
+        if flag not in from_axes:
+            parser.add_argument(flag, *aliases, **kwargs)
+
     add("--model-path", required=True)
     add("--tokenizer-path", default=None)
     add("--served-model-name", default=None)
@@ -38,8 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser, backends: list[str] | None = 
     add("--dp-size", type=int, default=1)
     add("--random-seed", type=int, default=None)
     add("--trust-remote-code", action="store_true")
-    for axis in AXES.values():  # every matrix axis's flag, as sglang spells it
-        axis.add_to_parser(parser, choices)
     add("--mamba-radix-cache-strategy", default=None)
     add("--enable-two-batch-overlap", action="store_true")
     add("--nccl-port", type=int, default=None)

@@ -17,12 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import ConfigError
-from harness.suite.axes import server_fields
-
-# Server-info fields that change numerics: two configurations differing in these drift apart.
-NUMERIC_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
-                  "enable_unified_memory", "disable_radix_cache", "chunked_prefill_size", "tp_size",
-                  "enable_deterministic_inference", "enable_two_batch_overlap", "random_seed")
+from harness.suite.axes import reported_flags
 
 
 class _Strict(BaseModel):
@@ -189,11 +184,17 @@ def wrapping(kind: str, resolved: dict[str, Any]) -> dict[str, str | None]:
     return {"attention_wrapper": "none", "wrapped_backend": None}
 
 
+def numerics_fields() -> tuple[str, ...]:
+    """Server-info fields that change numerics: every field a flag the harness knows resolves to
+    (the axis registry, `harness.suite.axes.reported_flags`), and the seed. Two configurations that
+    differ in these drift apart."""
+    return (*dict.fromkeys(field for field, _ in reported_flags().values()), "random_seed")
+
+
 def configuration_signature(resolved: dict[str, Any]) -> str:
-    """The resolved fields that change numerics. Fields of axes registered after these (see
-    `harness.suite.axes`) count only when set, so that registering one keeps every world's answers."""
-    later = [key for key in server_fields() if key not in NUMERIC_FIELDS and resolved.get(key) not in (None, False)]
-    return "|".join(f"{key}={resolved.get(key)}" for key in (*NUMERIC_FIELDS, *later))
+    """The resolved fields that change numerics, those that are set (not None, not False): so
+    registering an axis keeps every world's answers for cells that do not use it."""
+    return "|".join(f"{key}={resolved[key]}" for key in numerics_fields() if resolved.get(key) not in (None, False))
 
 
 def unit_hash(*parts: object) -> float:

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from harness.registry import Registry
+
 # sglang's `--attention-backend` choices (server_args.py, recent versions; see shared FACTS.md).
 SGLANG_ATTENTION_BACKENDS: tuple[str, ...] = (
     "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "cutlass_mla", "fa3", "fa4",
@@ -154,25 +156,46 @@ class SizeAxis(Axis):
         return {self.flag: (self.server_field, int)}
 
 
-AXES: dict[str, Axis] = {}
+@dataclass(frozen=True)
+class ChoiceAxis(Axis):
+    """One of a fixed set of flag values (`--kv-cache-dtype fp8_e5m2`); `default` passes no flag."""
+
+    choices: tuple[str, ...] = ()
+
+    def value(self, raw: Any) -> str:
+        if raw not in self.allowed():
+            raise ValueError(f"{raw!r} is not allowed; allowed: {', '.join(self.allowed())}")
+        return str(raw)
+
+    def allowed(self) -> tuple[str, ...]:
+        return ("default", *self.choices)
+
+    def flags(self, value: str) -> list[str]:
+        return [] if value == "default" else [self.flag, value]
+
+    def expected(self, value: str) -> dict[str, Any]:
+        return {} if value == "default" else {self.server_field: value}
+
+    def add_to_parser(self, parser: argparse.ArgumentParser, backends: list[str]) -> None:
+        parser.add_argument(self.flag, dest=self.server_field, choices=self.choices, default=None)
+
+    def reported_flags(self) -> dict[str, tuple[str, type | None]]:
+        return {self.flag: (self.server_field, str)}
+
+
+AXES: Registry[Axis] = Registry("axis")
 
 
 def register(axis: Axis) -> Axis:
     """Add a built-in axis. Its name must be new; its flag must be sglang's."""
-    if axis.name in AXES:
-        raise ValueError(f"axis {axis.name!r} is registered already")
-    AXES[axis.name] = axis
-    return axis
+    return AXES.add(axis.name, axis)
 
 
 @contextmanager
 def registered(axis: Axis) -> Iterator[Axis]:
     """An axis registered for the duration of a block (tests, plugins)."""
-    register(axis)
-    try:
+    with AXES.registered(axis.name, axis):
         yield axis
-    finally:
-        AXES.pop(axis.name, None)
 
 
 for _axis in (
@@ -194,7 +217,7 @@ def backend_axes() -> tuple[str, ...]:
 
 def abbreviation(axis_name: str) -> str:
     """The short name in cell ids (`ab-fa3`); a custom axis keeps its own name."""
-    axis = AXES.get(axis_name)
+    axis = AXES.find(axis_name)
     return axis.abbreviation if axis else axis_name
 
 
@@ -216,3 +239,13 @@ def reported_flags() -> dict[str, tuple[str, type | None]]:
 def server_fields() -> tuple[str, ...]:
     """The `/server_info` fields of every registered axis, in registry order."""
     return tuple(axis.server_field for axis in AXES.values())
+
+
+def numeric_fields() -> tuple[str, ...]:
+    """Fields the server reports as numbers (every flag the harness knows whose value is an int)."""
+    return tuple(dict.fromkeys(field for field, kind in reported_flags().values() if kind is int))
+
+
+def flags_known() -> set[str]:
+    """Every flag some registered axis passes (the simulator's parser takes these from the registry)."""
+    return {axis.flag for axis in AXES.values()}

@@ -213,7 +213,7 @@ def normalise_axis(name: str, values: Any) -> Any:
     A registered axis (`harness.suite.axes`) is a list of values; any other axis is a mapping from
     a value name to the list of server flags that value adds (a named flag set).
     """
-    axis = AXES.get(name)
+    axis = AXES.find(name)
     if axis is not None:
         if not isinstance(values, list) or not values:
             raise ValueError(f"axes.{name}: must be a non-empty list of values")

@@ -75,7 +75,7 @@ def cell_id_for(model_id: str, factors: dict[str, str]) -> str:
 
 def flags_for(axis: str, value: str, axis_spec: Any) -> tuple[list[str], dict[str, Any]]:
     """The server flags one factor value adds, and the resolved server fields it implies."""
-    registered = AXES.get(axis)
+    registered = AXES.find(axis)
     if registered is not None:
         return registered.flags(value), registered.expected(value)
     flags = list(axis_spec[value])

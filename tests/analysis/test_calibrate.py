@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.analysis.calibrate import pinnable_run, propose_floors
-from harness.results.records import CellResult, RunInfo, Status, latest_per_cell
+from harness.records import CellResult, RunInfo, Status, latest_per_cell
 
 
 def info(run_id: str, interrupted: bool = False) -> RunInfo:

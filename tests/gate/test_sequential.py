@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from harness.gate.sequential import EarlyStop, Looks, looks
-from harness.results.records import QuestionRecord
+from harness.records import QuestionRecord
 
 
 def answers(pattern: list[bool]) -> list[QuestionRecord]:

@@ -8,7 +8,7 @@ from harness.gate.stats import drop_above_margin_p, paired_comparison, wilson_in
 from harness.gate.verdict import Stage, judge
 from harness.gsm8k.evaluator import score
 from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
-from harness.results.records import CellError, CellOutcome, QuestionRecord, Status
+from harness.records import CellError, CellOutcome, QuestionRecord, Status
 from harness.suite.config import GateSpec
 
 GATE = GateSpec(alpha=0.01, tolerance=0.01, min_effect=0.03)

@@ -9,7 +9,7 @@ from harness.engine.server import ServerProcess
 from harness.gate.verdict import Stage, judge
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.protocol import build_plan
-from harness.results.records import CellOutcome, Status
+from harness.records import CellOutcome, Status
 from harness.suite.config import GateSpec
 from tests.helpers import fault_world, make_cell, sim_spec
 

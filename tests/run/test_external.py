@@ -16,7 +16,7 @@ from harness.engine.server import ServerProcess, free_port
 from harness.errors import ErrorKind
 from harness.gsm8k.evaluator import score
 from harness.gsm8k.protocol import build_plan
-from harness.results.records import CellOutcome, QuestionRecord, Status
+from harness.records import CellOutcome, QuestionRecord, Status
 from harness.run.external import _verdict
 from harness.suite.config import GateSpec
 from tests.helpers import DEEPSEEK, fault_world, make_cell, sim_spec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.results.records import CellResult, QuestionRecord, RunInfo, Status
+from harness.records import CellResult, QuestionRecord, RunInfo, Status
 from harness.run.history import History
 
 

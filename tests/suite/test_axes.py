@@ -70,3 +70,27 @@ def test_config_errors_for_registered_axes_still_say_where(tmp_path):
     path.write_text("suite: s\nengine: sglang\nmodels: [{id: m, path: p}]\naxes: {attention_backend: [fa33]}\n")
     with pytest.raises(ConfigError, match=r"axes\.attention_backend: unknown attention backend 'fa33'.*did you mean 'fa3'"):
         load_suite(path)
+
+
+def test_a_choice_axis_is_one_registry_entry_and_the_simulator_takes_its_flag():
+    """`kv_cache_dtype` was a plain flag of the simulator's parser: registering it as an axis replaces
+    that flag (no argparse clash), cells carry it, and the simulator reports what it was given."""
+    from harness.sim.args import resolve
+    from harness.sim.world import World
+    from harness.suite.axes import ChoiceAxis
+
+    kv = ChoiceAxis("kv_cache_dtype", "kv", "--kv-cache-dtype", "kv_cache_dtype", choices=("auto", "fp8_e5m2"))
+    with registered(kv):
+        cells = {c.cell_id: c for c in expand(suite({"kv_cache_dtype": ["auto", "fp8_e5m2"]})).cells}
+        fp8 = cells["m.kv-fp8_e5m2"]
+        assert fp8.flags == ("--kv-cache-dtype", "fp8_e5m2") and fp8.expected == {"tp_size": 1, "kv_cache_dtype": "fp8_e5m2"}
+        args = build_parser().parse_args(["--model-path", "m", *fp8.flags])
+        world = World.model_validate({"models": {"m": {"accuracy": 0.9}}})
+        assert resolve(args, world)["kv_cache_dtype"] == "fp8_e5m2"
+        assert mismatches(fp8.expected, resolve(args, world), fp8.flags) == []
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--model-path", "m", "--kv-cache-dtype", "int3"])
+        with pytest.raises(ValueError, match="allowed: default, auto, fp8_e5m2"):
+            suite({"kv_cache_dtype": ["int3"]})
+    assert "kv_cache_dtype" not in AXES
+    assert vars(build_parser().parse_args(["--model-path", "m"]))["kv_cache_dtype"] == "auto"  # the plain flag again

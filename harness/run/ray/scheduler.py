@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.errors import ErrorKind
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.results.records import CellError, CellOutcome
+from harness.records import CellError, CellOutcome
 from harness.run.cell import CellJob
 from harness.run.ray.slots import Slot, SlotPool
 from harness.run.scheduling.durations import Durations, held_s

@@ -23,7 +23,7 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.results.records import CellOutcome
+from harness.records import CellOutcome
 from harness.run.cell import CellJob, run_cell
 from harness.run.scheduling.inventory import Inventory
 from harness.run.scheduling.placement import Placement

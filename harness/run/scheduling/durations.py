@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import fmean
 
-from harness.results.records import CellResult, Timings
+from harness.records import CellResult, Timings
 from harness.suite.matrix import Cell
 
 
