@@ -47,9 +47,10 @@ from harness.gsm8k.evaluator import score  # noqa: E402
 from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, build_plan  # noqa: E402
 from harness.records import CellError, CellOutcome, QuestionRecord, RunInfo, Status  # noqa: E402
 from harness.results.sinks import Sinks  # noqa: E402
+from harness.run.build import RunInputs  # noqa: E402
 from harness.run.extension import extend  # noqa: E402
 from harness.run.gating import Gating  # noqa: E402
-from harness.run.pipeline import RunInputs, run_budget  # noqa: E402
+from harness.run.pipeline import run_budget  # noqa: E402
 from harness.suite.config import load_suite  # noqa: E402
 from harness.suite.matrix import Cell, Matrix, expand  # noqa: E402
 

@@ -36,7 +36,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from harness.cli import app  # noqa: E402
-from harness.sim.fixtures import INCIDENT_WORLD  # noqa: E402
+from harness.engine.sim_fixtures import INCIDENT_WORLD  # noqa: E402
 
 TPS = [1, 1, 2, 2, 4, 4, 8, 8]
 GPUS_PER_NODE, NODES = 8, 2

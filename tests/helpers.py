@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from harness.sim.fixtures import DEEPSEEK, INCIDENT_WORLD, KIMI, ROOT, fault_world, make_cell, sim_spec
+from harness.engine.sim_fixtures import DEEPSEEK, INCIDENT_WORLD, KIMI, ROOT, fault_world, make_cell, sim_spec
 
 __all__ = ["DEEPSEEK", "INCIDENT_WORLD", "KIMI", "ROOT", "fault_world", "make_cell", "machine_s", "sim_spec"]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.analysis.dashboard import build_html, load_input
-from harness.results.archive import archives
 from harness.records import CellResult, QuestionRecord, RunInfo, Status
+from harness.results.archive import archives
 from harness.results.store import ResultsStore
 
 BACKENDS = ("fa3", "triton")

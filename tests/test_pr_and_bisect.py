@@ -15,11 +15,15 @@ from typer.testing import CliRunner
 
 from harness.bisect.search import bisect_commits
 from harness.cli import app
-from harness.records import CellOutcome, Score, Throughput
+from harness.engine.engines import ENGINES, SglangEngine, SimEngine
+from harness.gsm8k.dataset import load_gsm8k
+from harness.records import CellOutcome, CellResult, RunInfo, Score, Throughput
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand
 from harness.suite.selection import load_selection, select_cells
 from tests.helpers import INCIDENT_WORLD, ROOT
+
+FAKE_SGLANG = ROOT / "tests" / "fixtures" / "fake_sglang"
 
 RULES = load_selection(ROOT / "configs" / "selection.yaml")
 NIGHTLY = expand(load_suite(ROOT / "configs" / "nightly.yaml").suite)
@@ -179,3 +183,53 @@ def test_a_pr_played_end_to_end(tmp_path):
     assert len(junit.findall("testcase")) == 18 and len(junit.findall("testcase/failure")) == 2
     comment = (run_dir / "comment.md").read_text()
     assert "**fail**" in comment and "kimi-linear.ab-flashmla.um-on.rc-on" in comment
+
+
+class _HistoryFakeSglang(SglangEngine):
+    """The real sglang path (fake sglang package: its parser and resolution, the simulator behind
+    it) with the simulator world's commit history, so a bisect needs no sglang checkout or build."""
+
+    def commits(self, loaded, good, bad, repo):
+        history = yaml.safe_load(Path(loaded.suite.models[0].env["REGRESS_SIM_WORLD"]).read_text())["history"]
+        return history[history.index(good):history.index(bad) + 1]
+
+    def at_commit(self, loaded, cell, commit, build):
+        return SimEngine.at_commit(self, loaded, cell, commit, build)
+
+
+def test_a_bisect_probe_is_built_as_a_run_is(ray_local, tmp_path):
+    """An `auto` suite on the sglang path with --gsm8k-path: every probe runs the plan-time sglang
+    check (its predictions are in cells.jsonl), expands `auto` with the workers' parser, and reads
+    the data from that path (its hash in run.json)."""
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["history"] = [f"c{i}" for i in range(4)]
+    world["bugs"][0]["since_commit"] = "c2"
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    for split, count in (("test", 80), ("train", 40)):
+        lines = (ROOT.parent / "shared" / "data" / "gsm8k" / f"{split}.jsonl").read_text().splitlines()[:count]
+        (data / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    env = {"PYTHONPATH": f"{FAKE_SGLANG}:{ROOT}", "REGRESS_SIM_WORLD": str(tmp_path / "world.yaml")}
+    suite = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    suite.update(engine="history-fake-sglang", stop_grace_s=2,
+                 axes={"attention_backend": ["triton", "auto"], "unified_memory": ["on"], "radix_cache": ["on"]},
+                 baseline={"attention_backend": "triton"})
+    suite.pop("sim_world")
+    suite["models"] = [{**suite["models"][0], "env": env}]
+    (tmp_path / "auto.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    with ENGINES.registered("history-fake-sglang", _HistoryFakeSglang()):
+        result = CliRunner().invoke(app, ["bisect", "--suite", str(tmp_path / "auto.yaml"), "--cell",
+                                          "kimi-linear.ab-fa3.um-on.rc-on", "--good", "c0", "--bad", "c3",
+                                          "--num-questions", "40", "--gsm8k-path", str(data),
+                                          "--results-dir", str(tmp_path / "results")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "first bad commit: c2" in result.output
+    runs = sorted((tmp_path / "results").glob("*/run.json"))
+    assert len(runs) >= 2
+    expected_sha = load_gsm8k(data).sha256
+    for run in runs:
+        info = RunInfo.model_validate_json(run.read_text())
+        assert info.dataset_sha256 == expected_sha
+        (cell,) = [CellResult.model_validate_json(line) for line in (run.parent / "cells.jsonl").read_text().splitlines()]
+        assert cell.predicted.get("attention_backend") == "fa3", cell  # the sglang check ran for the probe

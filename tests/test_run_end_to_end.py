@@ -229,8 +229,8 @@ def test_fail_fast_stops_at_the_first_regression(ray_local, tmp_path):
 
 
 def test_order_puts_recent_failures_first_and_each_reference_ahead_of_its_cells(tmp_path):
-    from harness.results.archive import FolderArchive
     from harness.records import Status, Timings
+    from harness.results.archive import FolderArchive
     from harness.run.history import History
     from harness.run.pipeline import failed_first
     from harness.run.scheduling.durations import Durations

@@ -16,8 +16,8 @@ from enum import Enum
 from harness.errors import ConfigError
 from harness.gate.stats import paired_comparison
 from harness.gate.verdict import correctness
-from harness.results.archive import LoadedRun
 from harness.records import CellResult, Status
+from harness.results.archive import LoadedRun
 
 
 class ChangeKind(str, Enum):

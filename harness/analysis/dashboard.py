@@ -16,8 +16,8 @@ from pathlib import Path
 
 from harness.analysis.compare import compare_runs
 from harness.errors import ConfigError
-from harness.results.archive import Archives, LoadedRun, find_run
 from harness.records import CellResult, Status
+from harness.results.archive import Archives, LoadedRun, find_run
 
 STATUS_CODE = {Status.PASS: 0, Status.INCONCLUSIVE: 1, Status.ERROR: 2, Status.MISMATCH: 3, Status.FAIL: 4,
                Status.SKIPPED: -1}

@@ -18,8 +18,9 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from harness.errors import ConfigError, RegressError
-from harness.suite.config import LoadedSuite, load_suite
-from harness.suite.matrix import Matrix, expand, select
+from harness.run.build import load_matrix
+
+__all__ = ["app", "console", "err_console", "load_matrix", "at_least_one"]
 
 # CI logs are not terminals; rich would wrap tables at 80 columns there.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -49,15 +50,6 @@ SelectOpt = Annotated[str | None, typer.Option(
 ResultsDirOpt = Annotated[Path, typer.Option(help="Where results/<run_id>/ folders are.")]
 TrackingOpt = Annotated[str | None, typer.Option(
     help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else a SQLite file: RESULTS_DIR/mlflow.db).")]
-
-
-def load_matrix(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
-    """The suite at `path` and its (selected) matrix; ConfigError when no cell is left."""
-    loaded = load_suite(path)
-    matrix = select(expand(loaded.suite), selection)
-    if not matrix.cells:
-        raise ConfigError(f"{path}: the include/exclude rules leave no cell to run")
-    return loaded, matrix
 
 
 def at_least_one(option: str, value: int | None) -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -14,16 +13,11 @@ from harness.cli.app import (
     SuiteArg,
     TrackingOpt,
     app,
-    at_least_one,
     console,
     load_matrix,
 )
 from harness.engine.check import MODELS_DIR
 from harness.errors import ConfigError, ExitCode
-from harness.suite.matrix import select_listed
-
-if TYPE_CHECKING:
-    from harness.run.pipeline import RunInputs
 
 
 @app.command()
@@ -40,35 +34,6 @@ def plan(suite: SuiteArg, selection: SelectOpt = None,
         print(plan_json(loaded, matrix))
     else:
         print_plan(console, loaded, matrix)
-
-
-def _run_inputs(suite: Path, selection: str | None, cells_file: Path | None, num_questions: int | None,
-                gsm8k_path: Path | None, extend_to: int | None = None) -> RunInputs:
-    """Everything `run` checks before it starts Ray: suite, selection, world, data and protocol."""
-    from harness.gsm8k.dataset import load_gsm8k
-    from harness.gsm8k.protocol import build_plan
-    from harness.run.pipeline import RunInputs
-    from harness.sim.world import load_world
-
-    at_least_one("--num-questions", num_questions)
-    if extend_to is not None and extend_to < 0:
-        raise ConfigError(f"--extend-to: must be 0 (no extension) or a number of questions (got {extend_to})")
-    loaded, matrix = load_matrix(suite, selection)
-    if cells_file is not None:
-        matrix = select_listed(matrix, cells_file)
-    updates: dict = {} if num_questions is None else {"num_questions": num_questions}
-    if extend_to is not None or num_questions is not None:  # --num-questions alone: a quick look, not extended
-        updates["gate"] = loaded.suite.gate.model_copy(update={"extend_to": extend_to or None})
-    loaded = loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
-    spec = loaded.suite
-    if spec.engine == "sim":
-        assert spec.sim_world is not None
-        world = load_world(loaded.resolve_path(spec.sim_world))
-        for model in spec.models:
-            world.model(model.path)
-    data = load_gsm8k(gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
-    protocol_plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
-    return RunInputs(loaded, matrix, data, protocol_plan)
 
 
 @app.command()
@@ -105,25 +70,20 @@ def run(
     """
     from harness.results.store import ResultsStore
     from harness.results.tracking import default_tracking_uri
+    from harness.run.build import RunRequest, on_cluster, prepare
     from harness.run.pipeline import RunOptions, run_suite
-    from harness.run.ray.cluster import check_fits, expand_auto, ray_cluster, sglang_check
+    from harness.run.ray.cluster import ray_cluster
 
-    inputs = _run_inputs(suite, selection, cells_file, num_questions, gsm8k_path, extend_to)
+    request = RunRequest(suite, selection, cells_file, num_questions, extend_to, gsm8k_path)
+    inputs = prepare(request)
     options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
                          retry_errors=retry_errors, fail_fast=fail_fast, tags=parse_tags(tag or []),
                          tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
     if resume:
         ResultsStore.existing(results_dir, resume)
     with ray_cluster(inputs.loaded, ray_address):
-        matrix = expand_auto(inputs.loaded, selection, inputs.data.source) or inputs.matrix
-        if cells_file is not None:
-            matrix = select_listed(matrix, cells_file)
-        check_fits(matrix)
-        predicted: dict[str, dict] = {}
-        if inputs.loaded.suite.engine == "sglang":
-            matrix, predicted = sglang_check(inputs.loaded, matrix, inputs.data.source,
-                                             lambda message: console.print(f"[yellow]{message}[/]"))
-        report = run_suite(replace(inputs, matrix=matrix, predicted=predicted), options, console)
+        inputs = on_cluster(inputs, request, lambda message: console.print(f"[yellow]{message}[/]"))
+        report = run_suite(inputs, options, console)
     raise typer.Exit(report.exit_code)
 
 

@@ -140,8 +140,8 @@ def assess(
     Example: `regress assess latest:nightly` (what jobs/run_and_report.sh ends with)
     """
     from harness.analysis.night import assess as assess_run
-    from harness.results.catalog import resolve_run
     from harness.records import latest_per_cell
+    from harness.results.catalog import resolve_run
 
     store = resolve_run(results_dir, run_id)
     verdict = assess_run(list(latest_per_cell(store.cells()).values()), max_error_share)

@@ -69,6 +69,9 @@ def bisect(
         "sglang[all] @ git+https://github.com/sgl-project/sglang@{commit}#subdirectory=python",
     num_questions: Annotated[int | None, typer.Option(help="Questions per probe (default: the suite's).")] = None,
     results_dir: Annotated[Path, typer.Option(help="Where each probe's run is written.")] = Path("results"),
+    gsm8k_path: Annotated[Path | None, typer.Option(
+        help="Folder with GSM8K test.jsonl and train.jsonl (else the suite's dataset.path, REGRESS_GSM8K_PATH, "
+             "then the Hugging Face hub).")] = None,
 ) -> None:
     """Find the first bad commit for one cell by binary search; each probe runs the cell on that
     commit's build and is judged by the paired test against the good commit.
@@ -76,9 +79,12 @@ def bisect(
     Example: `regress bisect --suite configs/nightly.yaml --cell kimi-linear.ab-fa3.um-on.rc-on.cp-default.wrapper-none
     --good v0.5.5 --bad main --repo ../sglang`
     """
-    from harness.bisect.probes import run_bisect
+    from harness.bisect.probes import BisectRequest, run_bisect
+    from harness.run.build import RunRequest
 
-    result = run_bisect(suite, cell, good, bad, repo, build, num_questions, results_dir, console)
+    # A probe is judged against the good commit's answers on the planned questions: never extended.
+    run = RunRequest(suite, num_questions=num_questions, extend_to=0, gsm8k_path=gsm8k_path)
+    result = run_bisect(BisectRequest(run, cell, good, bad, repo, build), results_dir, console)
     console.print(f"first bad commit: [bold]{result.first_bad}[/] (last good {result.last_good}; "
                   f"{len(result.probes)} probes)")
 

@@ -32,10 +32,17 @@ class CheckedCell(Record):
     problem: str | None = None  # why a part of the check could not run (not a refusal)
 
 
+def check_request(loaded: LoadedSuite, cells: list[Cell]) -> list[dict[str, object]]:
+    """The check's input: each cell's exact argv, built where the suite's engine is registered (the
+    driver), so a worker runs it without knowing the engine."""
+    return [{"cell_id": cell.cell_id, "argv": planned_argv(loaded, cell)} for cell in cells]
+
+
 def check_cells(python: str, loaded: LoadedSuite, cells: list[Cell], models_dir: Path | None = MODELS_DIR,
-                gpu: str | None = None, env: dict[str, str] | None = None) -> list[CheckedCell]:
-    """Run the cells' exact argv through the sglang that `python` imports."""
-    request = [{"cell_id": cell.cell_id, "argv": planned_argv(loaded, cell)} for cell in cells]
+                gpu: str | None = None, env: dict[str, str] | None = None,
+                request: list[dict[str, object]] | None = None) -> list[CheckedCell]:
+    """Run the cells' exact argv (`request`, else `check_request`) through the sglang that `python` imports."""
+    request = request if request is not None else check_request(loaded, cells)
     kind = gpu or next((c.model.gpu_type for c in cells if c.model.gpu_type), None) or "H200"
     command = [python, "-m", "harness.engine.sglang_check", "--gpu", kind,
                "--gpus", str(max(loaded.suite.cluster.gpus, max((c.gpus for c in cells), default=1)))]

@@ -4,20 +4,35 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
 
+from harness.engine.engines import ENGINES, Engine, engine_of
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Cell
 
-ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "harness.sim"}
 LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class EngineRoutes:
+    """What a worker needs of the cell's engine, as plain data: the spec travels to Ray workers,
+    which need not have the engine's registration (a plugin's, a test's) imported."""
+
+    name: str
+    launch_module: str
+    health_route: str = "/health_generate"
+    info_routes: tuple[str, ...] = ("/server_info", "/get_server_info")
+
+    @classmethod
+    def of(cls, name: str, engine: Engine | None = None) -> EngineRoutes:
+        engine = engine or ENGINES.get(name)
+        return cls(name, engine.launch_module, engine.health_route, engine.info_routes)
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
     """How to start one server. `env` is added to the caller's environment."""
 
-    engine: Literal["sglang", "sim"]
+    engine: EngineRoutes
     # The server's interpreter; None: the one running this code, resolved where `argv` is built, on
     # the worker (under a PR build, Ray's per-job virtualenv with the PR's sglang), never the driver's.
     python: str | None
@@ -34,7 +49,7 @@ class LaunchSpec:
         """`<python> -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
         --random-seed S <cell flags> <model extra args>`, as a list (never a shell string)."""
         model = self.cell.model
-        argv = [default_python(self.python), "-m", ENGINE_MODULES[self.engine], "--model-path", model.path,
+        argv = [default_python(self.python), "-m", self.engine.launch_module, "--model-path", model.path,
                 "--host", LOOPBACK, "--port", str(port), "--tp-size", str(model.tp),
                 "--random-seed", str(self.seed), "--nccl-port", str(nccl_port)]
         if model.trust_remote_code:
@@ -56,7 +71,15 @@ def default_python(configured: str | None) -> str:
 def planned_argv(loaded: LoadedSuite, cell: Cell) -> list[str]:
     """The cell's exact server command line, as a worker would run it: `{python}` (the worker's
     interpreter unless the suite names one), `{port}` and `{nccl_port}` stand for what is chosen there."""
+    return cell_launch_spec(loaded, cell, python=loaded.suite.python or "{python}").argv("{port}", "{nccl_port}")
+
+
+def cell_launch_spec(loaded: LoadedSuite, cell: Cell, data_source: str | None = None, python: str | None = None,
+                     devices: tuple[str, ...] | None = None) -> LaunchSpec:
+    """The spec of `cell`'s server under the suite: its engine, interpreter, seed, timeouts and the
+    engine's environment (the simulator's world and data)."""
     suite = loaded.suite
-    spec = LaunchSpec(engine=suite.engine, python=suite.python or "{python}", cell=cell, seed=suite.seed,
-                      startup_timeout_s=cell.model.startup_timeout_s)
-    return spec.argv("{port}", "{nccl_port}")
+    engine = engine_of(loaded)
+    return LaunchSpec(engine=EngineRoutes.of(suite.engine, engine), python=python or suite.python, cell=cell,
+                      seed=suite.seed, startup_timeout_s=cell.model.startup_timeout_s,
+                      env=engine.environment(loaded, data_source), stop_grace_s=suite.stop_grace_s, devices=devices)

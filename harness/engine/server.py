@@ -66,11 +66,12 @@ def health_probe_timeout_s(env: dict[str, str]) -> float:
     return configured + 5.0
 
 
-async def read_server_info(base_url: str) -> dict[str, Any] | None:
-    """GET `/server_info` (newer sglang), else `/get_server_info`; None when neither route exists
-    (vLLM and other OpenAI-compatible servers)."""
+async def read_server_info(base_url: str, routes: tuple[str, ...] = ("/server_info", "/get_server_info"),
+                           ) -> dict[str, Any] | None:
+    """GET `/server_info` (newer sglang), else `/get_server_info` (the engine's `info_routes`); None when
+    no route exists (vLLM and other OpenAI-compatible servers)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        for route in ("/server_info", "/get_server_info"):
+        for route in routes:
             try:
                 async with session.get(base_url + route) as response:
                     if response.status in (404, 405):
@@ -156,7 +157,8 @@ class ServerProcess:
                 self.stop()
 
     async def _wait_ready(self, started: float) -> None:
-        """Poll /health_generate (it generates one token) until 200, the process exits, or the timeout."""
+        """Poll the engine's health route (sglang's /health_generate generates one token) until 200,
+        the process exits, or the timeout."""
         assert self.process is not None
         delay = 0.1
         deadline = started + self.spec.startup_timeout_s
@@ -169,7 +171,7 @@ class ServerProcess:
                     raise ServerError(f"server exited with code {code} during startup", process_exit_code=code,
                                       log_tail=tail(self.log_path))
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(self.base_url + "/health_generate") as response:
+                    async with session.get(self.base_url + self.spec.engine.health_route) as response:
                         answered = response.status == 200
                     if answered:
                         # Two servers on a node can pick the same free port; the one that binds
@@ -192,7 +194,7 @@ class ServerProcess:
     async def server_info(self) -> dict[str, Any]:
         """The resolved server arguments and version: `/server_info`, else `/get_server_info`."""
         try:
-            info = await read_server_info(self.base_url)
+            info = await read_server_info(self.base_url, self.spec.engine.info_routes)
         except ServerError as error:
             raise ServerError(str(error), kind=ErrorKind.SERVER_INFO, log_tail=tail(self.log_path)) from None
         if info is None:
@@ -234,7 +236,7 @@ class ServerProcess:
     async def _answers_health(self, timeout_s: float) -> bool:
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session, \
-                    session.get(self.base_url + "/health_generate") as response:
+                    session.get(self.base_url + self.spec.engine.health_route) as response:
                 return response.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.errors import ConfigError
-from harness.results.catalog import runs_of
 from harness.records import CellResult, QuestionRecord, RunInfo, latest_per_cell
+from harness.results.catalog import runs_of
 from harness.results.store import ResultsStore
 
 CELLS_ARTIFACT = "cells.jsonl"

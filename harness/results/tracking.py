@@ -14,8 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.results.archive import EXTENSION_QUESTIONS_ARTIFACT, QUESTIONS_ARTIFACT
 from harness.records import CellResult, ExitCode, QuestionRecord, RunInfo
+from harness.results.archive import EXTENSION_QUESTIONS_ARTIFACT, QUESTIONS_ARTIFACT
 
 
 def default_tracking_uri(results_dir: Path) -> str:

@@ -16,7 +16,7 @@ from harness.run.gating import Gating
 from harness.suite.matrix import Cell
 
 if TYPE_CHECKING:
-    from harness.run.pipeline import RunInputs
+    from harness.run.build import RunInputs
 
 Schedule = Callable[..., None]  # (cells, plan, on_outcome, label): see pipeline._Schedule.run
 

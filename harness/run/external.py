@@ -25,8 +25,8 @@ from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings, evaluate
 from harness.gsm8k.evaluator import Progress as EvalProgress
 from harness.gsm8k.protocol import ProtocolPlan
-from harness.results.provenance import closed_run_info, new_run_info
 from harness.records import CellOutcome, RunInfo, ServerInfo, Status, Timings, Verdict, run_exit_code
+from harness.results.provenance import closed_run_info, new_run_info
 from harness.results.sinks import FinishedCell, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
 from harness.run.gating import cell_result

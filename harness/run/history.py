@@ -8,9 +8,9 @@ that failed or was not selected last night: its last good answers are still the 
 
 from __future__ import annotations
 
+from harness.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell
 from harness.results.archive import RunArchive
 from harness.results.catalog import answers_outcome
-from harness.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell
 
 MAX_RUNS_SEARCHED = 30
 

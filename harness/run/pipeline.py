@@ -18,31 +18,29 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.engine.launch import LaunchSpec
+from harness.engine.launch import cell_launch_spec
 from harness.gate.attribution import explain
 from harness.gate.budget import Budget
 from harness.gate.sequential import EarlyStop
 from harness.gate.stats import preload as preload_statistics
-from harness.gsm8k.dataset import Gsm8k
 from harness.gsm8k.evaluator import EvalSettings
 from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, can_extend
+from harness.records import CellOutcome, CellResult, ExitCode, RunInfo, Status, latest_per_cell, run_exit_code
 from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
 from harness.results.provenance import closed_run_info, new_run_info
-from harness.records import CellOutcome, CellResult, ExitCode, RunInfo, Status, latest_per_cell, run_exit_code
 from harness.results.sinks import Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
+from harness.run.build import RunInputs
 from harness.run.cell import CellJob
 from harness.run.extension import extend
 from harness.run.gating import Gating
 from harness.run.history import History
-from harness.run.ray.cluster import engine_env
 from harness.run.ray.scheduler import Interrupted, Scheduler
 from harness.run.scheduling.durations import Durations
 from harness.run.scheduling.placement import priority_class, priority_order
 from harness.run.signals import StopRequest, stop_on_signals
-from harness.suite.config import LoadedSuite
-from harness.suite.matrix import Cell, Matrix
+from harness.suite.matrix import Cell
 
 
 @dataclass(frozen=True)
@@ -67,17 +65,6 @@ class RunReport:
     exit_code: ExitCode
 
 
-@dataclass(frozen=True)
-class RunInputs:
-    """What a run is made of: the suite, its (selected) matrix, the data and the protocol."""
-
-    loaded: LoadedSuite
-    matrix: Matrix
-    data: Gsm8k
-    plan: ProtocolPlan
-    predicted: dict[str, dict] = field(default_factory=dict)  # cell id -> fields the sglang check predicts
-
-
 class _FailFast(BaseException):
     """A confirmed regression under --fail-fast: stop scheduling, keep what finished."""
 
@@ -96,10 +83,7 @@ class CellJobs:
 
     def __call__(self, cell: Cell, devices: tuple[str, ...]) -> CellJob:
         suite = self.inputs.loaded.suite
-        spec = LaunchSpec(engine=suite.engine, python=suite.python, cell=cell, seed=suite.seed,
-                          startup_timeout_s=cell.model.startup_timeout_s,
-                          env=engine_env(self.inputs.loaded, self.inputs.data.source),
-                          stop_grace_s=suite.stop_grace_s, devices=devices)
+        spec = cell_launch_spec(self.inputs.loaded, cell, self.inputs.data.source, devices=devices)
         settings = EvalSettings(concurrency=suite.concurrency, request_timeout_s=suite.request_timeout_s,
                                 max_attempts=suite.request_attempts, model_name="default")
         early_stop = None

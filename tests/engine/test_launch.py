@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from harness.engine.launch import LaunchSpec
+from harness.engine.launch import EngineRoutes, LaunchSpec
 from harness.engine.verify import mismatches
 from harness.sim.args import build_parser
 from harness.suite.config import load_suite
@@ -37,7 +37,7 @@ def expected_flags(factors: dict[str, str]) -> list[str]:
 
 
 def spec(cell, python="/opt/venv/bin/python") -> LaunchSpec:
-    return LaunchSpec(engine="sglang", python=python, cell=cell, seed=NIGHTLY.seed, startup_timeout_s=1200,
+    return LaunchSpec(engine=EngineRoutes.of("sglang"), python=python, cell=cell, seed=NIGHTLY.seed, startup_timeout_s=1200,
                       env={"SUITE_VAR": "1"})
 
 

@@ -12,7 +12,8 @@ from harness.gsm8k.protocol import build_plan
 from harness.records import CellResult, RunInfo, Status
 from harness.results.sinks import FinishedCell, FolderSink, Sinks, standard_sinks
 from harness.results.store import ResultsStore
-from harness.run.pipeline import RunInputs, RunOptions, run_suite
+from harness.run.build import RunInputs
+from harness.run.pipeline import RunOptions, run_suite
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand, select
 from tests.helpers import ROOT

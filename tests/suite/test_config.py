@@ -106,10 +106,6 @@ def test_custom_axis_must_be_named_flag_sets(tmp_path):
     assert "axes.overlap" in message and "--enable-two-batch-overlap" in message
 
 
-def test_sim_engine_needs_a_world(tmp_path):
-    assert "sim_world" in refused(tmp_path, GOOD.replace("sim_world: configs/sim/incident.yaml\n", ""))
-
-
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read suite file"):
         load_suite(tmp_path / "absent.yaml")

@@ -13,6 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
+from harness.engine.engines import engine_of
 from harness.engine.launch import default_python
 from harness.errors import ClusterError, ConfigError, InfraError
 from harness.suite.axes import backend_axes
@@ -57,22 +58,11 @@ def _connect(address: str | None, gpus: int, cpus: int | None, kwargs: dict[str,
         raise ClusterError(f"could not start or reach {where}: {first}; {hint}") from None
 
 
-def engine_env(loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
-    """Variables every server of the suite gets: the simulator's world and data for `sim`."""
-    env: dict[str, str] = {}
-    if loaded.suite.engine == "sim":
-        assert loaded.suite.sim_world is not None
-        env["REGRESS_SIM_WORLD"] = str(loaded.resolve_path(loaded.suite.sim_world))
-        if data_source and not data_source.startswith("hub:"):
-            env["REGRESS_GSM8K_PATH"] = data_source
-    return env
-
-
 @ray.remote(num_cpus=0)
-def _accepted_backends(engine: str, python: str | None, env: dict[str, str]) -> tuple[str, ...]:
+def _accepted_backends(probe: str, python: str | None, env: dict[str, str], engine: str) -> tuple[str, ...]:
     from harness.engine.discover import accepted_attention_backends
 
-    return accepted_attention_backends(engine, default_python(python), env)  # the worker's interpreter
+    return accepted_attention_backends(probe, default_python(python), env, engine=engine)  # the worker's interpreter
 
 
 def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | None) -> Matrix | None:
@@ -81,17 +71,18 @@ def expand_auto(loaded: LoadedSuite, selection: str | None, data_source: str | N
     spec = loaded.suite
     if not any(axis in backend_axes() and "auto" in values for axis, values in spec.axes.items()):
         return None
-    env = {**engine_env(loaded, data_source), **spec.models[0].env}
-    backends = ray.get(_accepted_backends.remote(spec.engine, spec.python, env))
+    engine = engine_of(loaded)
+    env = {**engine.environment(loaded, data_source), **spec.models[0].env}
+    backends = ray.get(_accepted_backends.remote(engine.backends_probe, spec.python, env, spec.engine))
     return select(expand(spec, tuple(backends)), selection)
 
 
 @ray.remote(num_cpus=0)
 def _check_on_worker(python: str | None, loaded: LoadedSuite, cells: list, models_dir: Path,
-                     env: dict[str, str]) -> list:
+                     env: dict[str, str], request: list[dict]) -> list:
     from harness.engine.check import check_cells
 
-    return check_cells(default_python(python), loaded, cells, models_dir, env=env)  # the worker's sglang
+    return check_cells(default_python(python), loaded, cells, models_dir, env=env, request=request)  # the worker's sglang
 
 
 def sglang_check(loaded: LoadedSuite, matrix: Matrix, data_source: str | None,
@@ -99,7 +90,7 @@ def sglang_check(loaded: LoadedSuite, matrix: Matrix, data_source: str | None,
     """Ask the sglang the workers will run which cells it refuses, before any GPU is held: those are
     `skipped` with sglang's message. Returns the matrix left and each cell's predicted fields. A check
     that cannot run (no sglang on the worker yet, say) is a warning, never a reason to stop."""
-    from harness.engine.check import MODELS_DIR, without_refused
+    from harness.engine.check import MODELS_DIR, check_request, without_refused
 
     spec = loaded.suite
     options = {"runtime_env": spec.cluster.runtime_env} if spec.cluster.runtime_env else {}
@@ -108,9 +99,11 @@ def sglang_check(loaded: LoadedSuite, matrix: Matrix, data_source: str | None,
         cells = [cell for cell in matrix.cells if cell.model.id == model.id]
         if not cells:
             continue
-        env = {**engine_env(loaded, data_source), **model.env}
+        env = {**engine_of(loaded).environment(loaded, data_source), **model.env}
         try:
-            checked += ray.get(_check_on_worker.options(**options).remote(spec.python, loaded, cells, MODELS_DIR, env))
+            remote = _check_on_worker.options(**options).remote(spec.python, loaded, cells, MODELS_DIR, env,
+                                                                check_request(loaded, cells))
+            checked += ray.get(remote)
         except (ConfigError, InfraError, RayError) as error:
             warn(f"sglang check skipped for {model.id}: {str(error).strip().splitlines()[-1][:300]}")
     return without_refused(matrix, checked), {c.cell_id: c.predicted for c in checked if c.predicted}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.engine.launch import LaunchSpec
+from harness.engine.launch import EngineRoutes, LaunchSpec
 from harness.suite.config import Suite
 from harness.suite.matrix import Cell, expand
 
@@ -34,7 +34,7 @@ def sim_spec(cell: Cell, world: Path | None = INCIDENT_WORLD, gsm8k: Path | None
     env = {"REGRESS_SIM_WORLD": str(world or INCIDENT_WORLD)}
     if gsm8k is not None:
         env["REGRESS_GSM8K_PATH"] = str(gsm8k)
-    return LaunchSpec(engine="sim", python=sys.executable, cell=cell, seed=0, startup_timeout_s=timeout_s,
+    return LaunchSpec(engine=EngineRoutes.of("sim"), python=sys.executable, cell=cell, seed=0, startup_timeout_s=timeout_s,
                       env=env, stop_grace_s=grace_s)
 
 

@@ -1,0 +1,136 @@
+"""Server engines behind one interface, and the registry that names them.
+
+An `Engine` is everything that differs between server programs the matrix can launch: the module
+`python -m` starts, the environment its servers need, how to read which attention backends it
+accepts, whether it has a plan-time check, its readiness and configuration routes, and, for
+`regress bisect`, how to list and build commits. The command line itself (model, host, port, tp,
+seed, the cell's flags) is sglang's and shared (`harness.engine.launch.LaunchSpec.argv`).
+
+Two are built in: `sglang` (the real server) and `sim` (the simulator, `harness.sim`, which takes
+sglang's flags and serves its routes). Adding one is one module with a subclass and
+`ENGINES.add(name, instance)`; `tests/engine/test_engines.py` runs a toy engine through a cell.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import ClassVar
+
+from harness.errors import ConfigError
+from harness.registry import Registry
+from harness.suite.config import LoadedSuite
+from harness.suite.matrix import Cell
+
+_SGLANG_BACKENDS_PROBE = """
+import argparse, json
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+action = next(a for a in parser._actions if "--attention-backend" in a.option_strings)
+print(json.dumps(list(action.choices or [])))
+"""
+_SIM_BACKENDS_PROBE = """
+import json, os
+from harness.sim.args import build_parser
+from harness.sim.world import load_world
+parser = build_parser(load_world(os.environ["REGRESS_SIM_WORLD"]).attention_backends)
+action = next(a for a in parser._actions if "--attention-backend" in a.option_strings)
+print(json.dumps(list(action.choices)))
+"""
+
+
+class Engine:
+    """A server program the matrix launches. Subclasses set the class attributes and override what
+    differs; the defaults are sglang's."""
+
+    launch_module: ClassVar[str]
+    # Python that prints `--attention-backend`'s choices as JSON (run under the servers' interpreter).
+    backends_probe: ClassVar[str] = _SGLANG_BACKENDS_PROBE
+    # Whether `regress run` asks this engine's own parser and resolution about every cell before any
+    # GPU is held (`harness.engine.check`): only a real sglang has that resolution to ask.
+    checks_at_plan_time: ClassVar[bool] = False
+    health_route: ClassVar[str] = "/health_generate"  # 200 once the server generates
+    info_routes: ClassVar[tuple[str, ...]] = ("/server_info", "/get_server_info")  # the resolved arguments
+
+    def validate(self, loaded: LoadedSuite) -> None:
+        """ConfigError for a suite this engine cannot run, before anything is launched."""
+
+    def environment(self, loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
+        """Variables every server of the suite gets (the model's and the cell's GPUs come after)."""
+        return {}
+
+    def commits(self, loaded: LoadedSuite, good: str, bad: str, repo: Path | None) -> list[str]:
+        """`good`, then every first-parent commit up to `bad` (for `regress bisect`)."""
+        if repo is None:
+            raise ConfigError("--repo: the sglang checkout to list commits from is required with the sglang engine")
+        try:
+            out = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "--first-parent", f"{good}..{bad}"],
+                                 capture_output=True, text=True, timeout=60, check=True)
+        except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+            raise ConfigError(f"git rev-list {good}..{bad} failed in {repo}: {getattr(error, 'stderr', error)}") from None
+        return [good, *out.stdout.split()]
+
+    def at_commit(self, loaded: LoadedSuite, cell: Cell, commit: str, build: str) -> tuple[LoadedSuite, Cell]:
+        """The suite and cell that run `cell` on `commit`'s build: the workers install `build`
+        (a pip requirement with `{commit}`) in the suite's runtime env."""
+        spec = loaded.suite
+        runtime_env = {**spec.cluster.runtime_env, "pip": [build.format(commit=commit)]}
+        cluster = spec.cluster.model_copy(update={"runtime_env": runtime_env})
+        probe_loaded = loaded.model_copy(update={"suite": spec.model_copy(update={"cluster": cluster})})
+        return probe_loaded, Cell(cell.cell_id, cell.model, cell.factors, cell.flags, cell.expected, None)
+
+
+class SglangEngine(Engine):
+    """The real server: `python -m sglang.launch_server`."""
+
+    launch_module = "sglang.launch_server"
+    checks_at_plan_time = True
+
+
+class SimEngine(Engine):
+    """The simulator (`harness.sim`): sglang's flags and routes over a world file's decisions."""
+
+    launch_module = "harness.sim"
+    backends_probe = _SIM_BACKENDS_PROBE
+
+    def validate(self, loaded: LoadedSuite) -> None:
+        from harness.sim.world import load_world
+
+        if not loaded.suite.sim_world:
+            raise ConfigError("sim_world: required with engine sim (a world file such as configs/sim/incident.yaml)")
+        world = load_world(loaded.resolve_path(loaded.suite.sim_world))
+        for model in loaded.suite.models:
+            world.model(model.path)
+
+    def environment(self, loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
+        assert loaded.suite.sim_world is not None
+        env = {"REGRESS_SIM_WORLD": str(loaded.resolve_path(loaded.suite.sim_world))}
+        if data_source and not data_source.startswith("hub:"):
+            env["REGRESS_GSM8K_PATH"] = data_source
+        return env
+
+    def commits(self, loaded: LoadedSuite, good: str, bad: str, repo: Path | None) -> list[str]:
+        from harness.sim.world import load_world
+
+        assert loaded.suite.sim_world is not None
+        history = load_world(loaded.resolve_path(loaded.suite.sim_world)).history
+        if good not in history or bad not in history:
+            raise ConfigError(f"--good/--bad: both must be in the simulator world's history ({len(history)} commits)")
+        return history[history.index(good):history.index(bad) + 1]
+
+    def at_commit(self, loaded: LoadedSuite, cell: Cell, commit: str, build: str) -> tuple[LoadedSuite, Cell]:
+        model = cell.model.model_copy(update={"env": {**cell.model.env, "REGRESS_SIM_COMMIT": commit}})
+        return loaded, Cell(cell.cell_id, model, cell.factors, cell.flags, cell.expected, None)
+
+
+ENGINES: Registry[Engine] = Registry("engine")
+ENGINES.add("sglang", SglangEngine())
+ENGINES.add("sim", SimEngine())
+
+
+def engine_of(loaded: LoadedSuite) -> Engine:
+    """The suite's engine; ConfigError naming the registered ones for an unknown name."""
+    if loaded.suite.engine not in ENGINES:
+        raise ConfigError(f"engine: {ENGINES.unknown(loaded.suite.engine)}")
+    return ENGINES.get(loaded.suite.engine)

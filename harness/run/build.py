@@ -1,0 +1,111 @@
+"""One run, built once: from what was asked (`RunRequest`) to what runs (`RunInputs`).
+
+    load the suite and its engine -> select cells -> data and protocol     (`prepare`: before Ray)
+    -> with the cluster up: `auto` backends, --cells, fit, the engine's    (`on_cluster`)
+       plan-time check (sglang refuses or predicts each cell)
+
+`regress run`, the driver of a `regress submit` job (which is `regress run` on the cluster) and every
+`regress bisect` probe build their run here; nothing else re-does a part of it. This module imports
+no Ray at load time: `regress plan` uses `load_matrix` from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from harness.engine.engines import engine_of
+from harness.errors import ConfigError
+from harness.gsm8k.dataset import Gsm8k, load_gsm8k
+from harness.gsm8k.protocol import ProtocolPlan, build_plan
+from harness.suite.config import LoadedSuite, load_suite
+from harness.suite.matrix import Matrix, expand, select, select_listed
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a command asks of a run, before anything is read."""
+
+    suite_path: Path
+    selection: str | None = None
+    cells_file: Path | None = None  # only these cell ids (`regress select --write`)
+    num_questions: int | None = None  # overrides the suite; alone, a quick look (no extension)
+    extend_to: int | None = None  # overrides gate.extend_to; 0: never extend
+    gsm8k_path: Path | None = None  # else the suite's dataset.path, REGRESS_GSM8K_PATH, the hub
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run is made of: the suite, its (selected) matrix, the data and the protocol."""
+
+    loaded: LoadedSuite
+    matrix: Matrix
+    data: Gsm8k
+    plan: ProtocolPlan
+    predicted: dict[str, dict] = field(default_factory=dict)  # cell id -> fields the sglang check predicts
+
+
+def load_matrix(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
+    """The suite at `path`, checked against its engine, and its (selected) matrix; ConfigError when
+    the engine is unknown, cannot run the suite, or no cell is left."""
+    loaded = load_suite(path)
+    engine_of(loaded).validate(loaded)
+    matrix = select(expand(loaded.suite), selection)
+    if not matrix.cells:
+        raise ConfigError(f"{path}: the include/exclude rules leave no cell to run")
+    return loaded, matrix
+
+
+def _with_overrides(loaded: LoadedSuite, request: RunRequest) -> LoadedSuite:
+    if request.num_questions is not None and request.num_questions < 1:
+        raise ConfigError(f"--num-questions: must be at least 1 (got {request.num_questions})")
+    if request.extend_to is not None and request.extend_to < 0:
+        raise ConfigError(f"--extend-to: must be 0 (no extension) or a number of questions (got {request.extend_to})")
+    updates: dict = {} if request.num_questions is None else {"num_questions": request.num_questions}
+    if request.extend_to is not None or request.num_questions is not None:  # --num-questions alone: not extended
+        updates["gate"] = loaded.suite.gate.model_copy(update={"extend_to": request.extend_to or None})
+    return loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
+
+
+def prepare(request: RunRequest) -> RunInputs:
+    """Everything checked before Ray starts: suite, engine, selection, data and protocol (exit 2 on
+    any problem, nothing launched)."""
+    loaded, matrix = load_matrix(request.suite_path, request.selection)
+    if request.cells_file is not None:
+        matrix = select_listed(matrix, request.cells_file)
+    loaded = _with_overrides(loaded, request)
+    spec = loaded.suite
+    data = load_gsm8k(request.gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
+    plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
+    return RunInputs(loaded, matrix, data, plan)
+
+
+def on_cluster(inputs: RunInputs, request: RunRequest, warn: Callable[[str], None]) -> RunInputs:
+    """The rest, with Ray connected: `auto` backends as the workers' engine accepts them, the
+    --cells list again over that matrix, every cell fits a node, and the engine's plan-time check
+    (cells it refuses become `skipped`, its predictions are kept)."""
+    from harness.run.ray.cluster import check_fits
+
+    matrix = cluster_matrix(inputs, request)
+    check_fits(matrix)
+    return plan_check(replace(inputs, matrix=matrix), warn)
+
+
+def cluster_matrix(inputs: RunInputs, request: RunRequest) -> Matrix:
+    """The matrix with `auto` backends as the workers' engine accepts them (Ray connected), and the
+    --cells list applied to it."""
+    from harness.run.ray.cluster import expand_auto
+
+    matrix = expand_auto(inputs.loaded, request.selection, inputs.data.source) or inputs.matrix
+    return select_listed(matrix, request.cells_file) if request.cells_file is not None else matrix
+
+
+def plan_check(inputs: RunInputs, warn: Callable[[str], None]) -> RunInputs:
+    """The engine's plan-time check of every cell, on a worker (a no-op for engines without one)."""
+    if not engine_of(inputs.loaded).checks_at_plan_time:
+        return inputs
+    from harness.run.ray.cluster import sglang_check
+
+    matrix, predicted = sglang_check(inputs.loaded, inputs.matrix, inputs.data.source, warn)
+    return replace(inputs, matrix=matrix, predicted={**inputs.predicted, **predicted})

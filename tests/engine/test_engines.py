@@ -1,0 +1,94 @@
+"""Engines are one interface (harness.engine.engines): the suite names one, the run is built with it,
+and a new engine is one subclass and one registration, whose routes and module the worker uses."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.engine.engines import ENGINES, SimEngine
+from harness.engine.launch import EngineRoutes, LaunchSpec, cell_launch_spec
+from harness.errors import ConfigError
+from harness.gsm8k.evaluator import EvalSettings
+from harness.gsm8k.protocol import build_plan
+from harness.run.build import load_matrix
+from harness.run.cell import CellJob, run_cell
+from tests.helpers import INCIDENT_WORLD, machine_s, make_cell
+
+SUITE = f"""
+suite: t
+engine: {{engine}}
+sim_world: {INCIDENT_WORLD}
+models:
+  - {{{{id: m, path: deepseek-ai/DeepSeek-V2-Lite-Chat, tp: 1, floor: 0.5}}}}
+axes:
+  attention_backend: [triton]
+"""
+
+
+def write_suite(tmp_path: Path, engine: str, text: str = SUITE) -> Path:
+    path = tmp_path / "suite.yaml"
+    path.write_text(text.format(engine=engine))
+    return path
+
+
+def test_an_unknown_engine_is_a_config_error_naming_the_registered_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"engine: unknown engine 'vllm'; available: sglang, sim"):
+        load_matrix(write_suite(tmp_path, "vllm"), None)
+
+
+def test_the_simulator_needs_a_world(tmp_path):
+    text = SUITE.replace(f"sim_world: {INCIDENT_WORLD}\n", "")
+    with pytest.raises(ConfigError, match="sim_world: required with engine sim"):
+        load_matrix(write_suite(tmp_path, "sim", text), None)
+
+
+def test_the_simulator_refuses_a_model_its_world_does_not_know(tmp_path):
+    text = SUITE.replace("deepseek-ai/DeepSeek-V2-Lite-Chat", "org/unknown-model")
+    with pytest.raises(ConfigError, match="unknown-model"):
+        load_matrix(write_suite(tmp_path, "sim", text), None)
+
+
+class HealthOnlyEngine(SimEngine):
+    """A toy engine: the simulator's program, probed on `/health` and read through the old
+    `/get_server_info` route only, as an older server would be."""
+
+    health_route = "/health"
+    info_routes = ("/get_server_info",)
+
+
+def test_a_toy_engine_is_one_class_and_one_registration(tmp_path):
+    with ENGINES.registered("toy", HealthOnlyEngine()):
+        loaded, matrix = load_matrix(write_suite(tmp_path, "toy"), None)
+        spec = cell_launch_spec(loaded, matrix.cells[0], python=sys.executable)
+    assert spec.engine == EngineRoutes("toy", "harness.sim", "/health", ("/get_server_info",))
+    assert spec.env["REGRESS_SIM_WORLD"] == str(INCIDENT_WORLD)  # the simulator's environment, inherited
+    argv = spec.argv(30000, 30001)
+    assert argv[:3] == [sys.executable, "-m", "harness.sim"] and argv[argv.index("--attention-backend") + 1] == "triton"
+    # The spec is data: a worker runs it without the registration (the engine is gone here).
+    assert "toy" not in ENGINES
+    from harness.gsm8k.dataset import load_gsm8k
+
+    plan = build_plan(load_gsm8k(), "clean", 12, 0)
+    job = CellJob(spec=LaunchSpec(**{**spec.__dict__, "startup_timeout_s": machine_s(30), "stop_grace_s": 2.0}),
+                  settings=EvalSettings(concurrency=4), queued_at=0.0)
+    outcome, _ = asyncio.run(run_cell(job, plan, tmp_path / "logs", node="n"))
+    assert outcome.error is None, outcome.error
+    assert outcome.score is not None and outcome.score.n == 12
+    assert outcome.server.resolved["attention_backend"] == "triton"
+
+    # The worker probes the spec's route: a health route the server lacks never becomes ready.
+    missing = LaunchSpec(**{**job.spec.__dict__, "engine": EngineRoutes("toy", "harness.sim", "/missing"),
+                            "startup_timeout_s": 3.0})
+    outcome, _ = asyncio.run(run_cell(CellJob(spec=missing, settings=job.settings, queued_at=0.0), plan,
+                                      tmp_path / "logs", node="n"))
+    assert outcome.error is not None and outcome.error.kind.value == "not_ready"
+
+
+def test_a_launch_spec_names_its_engine_module():
+    cell = make_cell({"attention_backend": "fa3"})
+    assert LaunchSpec(engine=EngineRoutes.of("sglang"), python="py", cell=cell, seed=1,
+                      startup_timeout_s=1).argv(1, 2)[:3] == ["py", "-m", "sglang.launch_server"]
