@@ -22,13 +22,13 @@ from typing import Any, Protocol
 from harness.errors import ConfigError
 from harness.records import CellResult, QuestionRecord, RunInfo, latest_per_cell
 from harness.results.catalog import runs_of
+from harness.results.mlflow_layout import (
+    CELLS_ARTIFACT,
+    EXTENSION_QUESTIONS_ARTIFACT,
+    QUESTIONS_ARTIFACT,
+    mlflow_client,
+)
 from harness.results.store import ResultsStore
-
-CELLS_ARTIFACT = "cells.jsonl"
-# A cell's answers: the table of its first judgement, then the rows its extension added (a table of
-# their own: MLflow appends to a table by reading it back with pandas, which turns "16" into 16).
-QUESTIONS_ARTIFACT = "questions.json"
-EXTENSION_QUESTIONS_ARTIFACT = "questions_extension.json"
 
 
 class RunArchive(Protocol):
@@ -71,7 +71,6 @@ class MlflowArchive:
     """Runs an MLflow tracking store holds (one experiment per suite)."""
 
     def __init__(self, tracking_uri: str) -> None:
-        from harness.results.tracking import mlflow_client
 
         self.tracking_uri = tracking_uri
         self.client = mlflow_client(tracking_uri)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from rich.console import Console
 
 from harness.records import CellResult, QuestionRecord, RunInfo, Status
-from harness.results.archive import CELLS_ARTIFACT
+from harness.results.mlflow_layout import CELLS_ARTIFACT
 from harness.results.reporting import junit_xml, print_summary, summary_markdown
 from harness.results.store import ResultsStore
 from harness.results.tracking import Tracker

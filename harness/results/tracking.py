@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.records import CellResult, ExitCode, QuestionRecord, RunInfo
-from harness.results.archive import EXTENSION_QUESTIONS_ARTIFACT, QUESTIONS_ARTIFACT
+from harness.results.mlflow_layout import EXTENSION_QUESTIONS_ARTIFACT, QUESTIONS_ARTIFACT, mlflow_client
 
 
 def default_tracking_uri(results_dir: Path) -> str:
@@ -64,16 +64,6 @@ def view_url(ui: str, experiment_id: str, view: str) -> str:
 def cells_view_url(ui: str, experiment_id: str) -> str:
     """The runs table of this suite's cells, lowest accuracy first, metrics and factors as columns."""
     return view_url(ui, experiment_id, CELLS_VIEW)
-
-
-def mlflow_client(tracking_uri: str) -> Any:
-    """An MlflowClient that gives up on an unreachable server after a few seconds, not minutes
-    (MLflow's own defaults retry for a long time; a run must not wait on its tracking store)."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
 
 
 def _epoch_ms(iso: str | None) -> int | None:
