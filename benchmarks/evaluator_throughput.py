@@ -29,11 +29,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.benchmark.evaluator import EvalSettings, Progress, evaluate  # noqa: E402
+from harness.benchmark.gsm8k.dataset import load_gsm8k  # noqa: E402
+from harness.benchmark.gsm8k.protocol import build_plan  # noqa: E402
 from harness.engine.server import ServerProcess  # noqa: E402
 from harness.engine.sim_fixtures import INCIDENT_WORLD, make_cell, sim_spec  # noqa: E402
-from harness.gsm8k.dataset import load_gsm8k  # noqa: E402
-from harness.gsm8k.evaluator import EvalSettings, Progress, evaluate  # noqa: E402
-from harness.gsm8k.protocol import build_plan  # noqa: E402
 
 SLOTS = 64
 # FACTS.md's setting (every request 200 ms: answers finish in waves) and a per-token one.

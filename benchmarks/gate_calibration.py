@@ -40,11 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.analysis.calibrate import propose_floors  # noqa: E402
+from harness.benchmark.base import ProtocolPlan  # noqa: E402
+from harness.benchmark.gsm8k.dataset import load_gsm8k  # noqa: E402
+from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET, build_plan  # noqa: E402
+from harness.benchmark.scoring import score  # noqa: E402
 from harness.errors import ErrorKind  # noqa: E402
 from harness.gate.sequential import EarlyStop, Looks  # noqa: E402
-from harness.gsm8k.dataset import load_gsm8k  # noqa: E402
-from harness.gsm8k.evaluator import score  # noqa: E402
-from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, build_plan  # noqa: E402
 from harness.records import CellError, CellOutcome, QuestionRecord, RunInfo, Status  # noqa: E402
 from harness.results.sinks import Sinks  # noqa: E402
 from harness.run.build import RunInputs  # noqa: E402
@@ -205,7 +206,7 @@ class Night:
             records[:20] = [record(r.index, False) for r in records[:20]]
         stopped = None
         if main and self.early_stop > 0 and cell.model.floor > 0:  # as CellJobs builds it: test questions
-            test = [r for r in records if r.index < EXTENSION_INDEX_OFFSET]
+            test = [r for r in records if r.is_test]
             rule = EarlyStop(cell.model.floor, len(test), self.early_stop, order=tuple(r.index for r in test))
             for look, _ in rule.thresholds:
                 stopped = rule.test_look(look, test[:look])
@@ -234,7 +235,7 @@ def with_floors(inputs: RunInputs, floors: dict[str, float]) -> RunInputs:
 
 
 def questions_of(data, plan: ProtocolPlan, extend_to: int | None) -> list[int]:
-    from harness.gsm8k.protocol import extension_plan
+    from harness.benchmark.gsm8k.protocol import extension_plan
 
     asked = [p.index for p in plan.prompts]
     more = extension_plan(data, plan, (extend_to or 0) - len(asked))
@@ -333,7 +334,7 @@ def early_stop(data) -> None:
     for name in ("demo", "nightly"):
         inputs = suite_inputs(name, data, Scenario("incident", floor_below=0.05))
         rule_alpha = run_budget(inputs).early_stop
-        planned = [p.index for p in inputs.plan.prompts if p.index < EXTENSION_INDEX_OFFSET]  # what the looks see
+        planned = list(inputs.plan.test_indices())  # what the looks see
         decided = []
         for strength in (0.66, 0.80, 0.94):
             rng = random.Random(int(strength * 100))

@@ -12,7 +12,7 @@ from collections import Counter
 from enum import Enum, IntEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 SCHEMA_VERSION = 2  # 1: before schema_version, error_kind and package_versions were recorded
 
@@ -101,10 +101,17 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+TEST_SPLIT = "test"
+# Before `split` was recorded, a train question (asked past the test split) was index 100000 + i.
+_LEGACY_TRAIN_OFFSET = 100_000
+
+
 class QuestionRecord(Record):
-    """One question as asked and answered. `error` set means an infrastructure failure, not a score."""
+    """One question as asked and answered. `error` set means an infrastructure failure, not a score.
+    `(split, index)` is the question's identity in its benchmark's data; the floor counts `test` only."""
 
     index: int
+    split: str = TEST_SPLIT
     prompt_sha: str
     gold: str
     pred: str | None
@@ -117,6 +124,18 @@ class QuestionRecord(Record):
     output_tokens: int
     attempts: int = 1
     error: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_of_older_lines(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "split" not in data and isinstance(data.get("index"), int) \
+                and data["index"] >= _LEGACY_TRAIN_OFFSET:
+            return {**data, "split": "train"}
+        return data
+
+    @property
+    def is_test(self) -> bool:
+        return self.split == TEST_SPLIT
 
 
 class Timings(Record):
@@ -247,6 +266,7 @@ class RunInfo(Record):
     sglang_version: str | None = None
     harness_version: str
     package_versions: dict[str, str] = {}  # the driver's python, ray, mlflow, ... (servers report sglang's)
+    benchmark: str = "gsm8k"
     protocol: str
     extraction: str = "flexible"  # the answer extraction that gated (gate.extraction)
     gate_budget: str | None = None  # where the run's alpha went (harness.gate.budget.Budget.describe)

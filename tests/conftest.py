@@ -30,7 +30,7 @@ def _gsm8k_env() -> Path:
 
 @pytest.fixture(scope="session")
 def gsm8k(_gsm8k_env: Path):
-    from harness.gsm8k.dataset import load_gsm8k
+    from harness.benchmark.gsm8k.dataset import load_gsm8k
 
     return load_gsm8k(_gsm8k_env)
 

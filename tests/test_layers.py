@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.records",),  # the results contract: imports nothing of the harness
     ("harness.errors",),
     ("harness.registry",),
-    ("harness.gsm8k",),  # the benchmark: data, prompts, grading, scoring
+    ("harness.benchmark",),  # benchmarks (GSM8K): data, prompts, grading, scoring; the HTTP evaluator
     ("harness.suite",),
     ("harness.sim", "harness.gate"),
     ("harness.engine",),

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from harness.benchmark.gsm8k.dataset import load_gsm8k
 from harness.bisect.search import bisect_commits
 from harness.cli import app
 from harness.engine.engines import ENGINES, SglangEngine, SimEngine
-from harness.gsm8k.dataset import load_gsm8k
 from harness.records import CellOutcome, CellResult, RunInfo, Score, Throughput
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand

@@ -169,16 +169,12 @@ def calibrate(
 
     from harness.analysis.calibrate import pinnable_run, propose_floors
     from harness.errors import ConfigError
-    from harness.gsm8k.dataset import load_gsm8k
-    from harness.gsm8k.protocol import build_plan
     from harness.records import latest_per_cell
-    from harness.suite.config import load_suite
+    from harness.run.build import RunRequest, prepare
 
-    loaded = load_suite(suite)
-    spec = loaded.suite
-    data = load_gsm8k(gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
-    size = num_questions or spec.num_questions
-    fingerprint = build_plan(data, spec.protocol, size, spec.seed, spec.max_tokens).fingerprint
+    inputs = prepare(RunRequest(suite, num_questions=num_questions, gsm8k_path=gsm8k_path))
+    spec = inputs.loaded.suite
+    fingerprint = inputs.plan.fingerprint
     archive = _archive(results_dir, tracking_uri)
     infos = [info for info in archive.runs(spec.suite) if info.protocol_fingerprint == fingerprint][-runs:]
     if not infos:

@@ -34,9 +34,9 @@ def eval_server(
 
     Example: `regress eval --base-url http://127.0.0.1:30000 --protocol sglang-fewshot --num-questions 200 --floor 0.88`
     """
-    from harness.gsm8k.dataset import load_gsm8k
-    from harness.gsm8k.evaluator import EvalSettings
-    from harness.gsm8k.protocol import ProtocolName, build_plan
+    from harness.benchmark.evaluator import EvalSettings
+    from harness.benchmark.gsm8k.dataset import load_gsm8k
+    from harness.benchmark.gsm8k.protocol import ProtocolName, build_plan
     from harness.results.tracking import default_tracking_uri
     from harness.run.external import EvalRequest, run_eval
     from harness.suite.config import GateSpec

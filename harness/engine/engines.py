@@ -106,7 +106,7 @@ class SimEngine(Engine):
     def environment(self, loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
         assert loaded.suite.sim_world is not None
         env = {"REGRESS_SIM_WORLD": str(loaded.resolve_path(loaded.suite.sim_world))}
-        if data_source and not data_source.startswith("hub:"):
+        if data_source and Path(data_source).is_dir():  # GSM8K from a folder (the simulator knows its answers)
             env["REGRESS_GSM8K_PATH"] = data_source
         return env
 

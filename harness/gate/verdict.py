@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from harness.errors import ErrorKind
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
-from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
 
@@ -139,7 +138,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     if early is not None:
         return early
     answers = correctness(outcome.questions, gate.extraction)
-    test_answers = {i: ok for i, ok in answers.items() if i < EXTENSION_INDEX_OFFSET}
+    test_answers = correctness([r for r in outcome.questions if r.is_test], gate.extraction)
     n, correct = len(answers), sum(answers.values())
     low, high = wilson_interval(correct, n)
     found = _comparisons(answers, gate, {"reference": reference, "the last passing run": history,

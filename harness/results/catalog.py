@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.benchmark.scoring import score
 from harness.errors import ConfigError
-from harness.gsm8k.evaluator import score
 from harness.records import CellOutcome, QuestionRecord, RunInfo
 from harness.results.store import ResultsStore
 

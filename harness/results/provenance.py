@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 from harness import __version__
-from harness.gsm8k.protocol import ProtocolPlan
+from harness.benchmark.base import ProtocolPlan
 from harness.records import SCHEMA_VERSION, CellResult, RunInfo, status_counts
 
 HARNESS_ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,8 @@ def new_run_info(*, run_id: str, suite: str, config_path: str, config_sha256: st
     commit, dirty = harness_checkout()
     return RunInfo(schema_version=SCHEMA_VERSION, run_id=run_id, suite=suite, config_path=config_path,
                    config_sha256=config_sha256, trigger=trigger, engine=engine, git_commit=commit, git_dirty=dirty,
-                   harness_version=__version__, package_versions=package_versions(), protocol=str(plan.name),
+                   harness_version=__version__, package_versions=package_versions(), benchmark=plan.benchmark,
+                   protocol=str(plan.name),
                    protocol_fingerprint=plan.fingerprint, dataset_sha256=plan.dataset_sha256,
                    extraction=extraction, started_at=now_iso(), tags=tags or {})
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness.benchmark.base import Dataset, ProtocolPlan
+from harness.benchmark.registry import benchmark_named
 from harness.engine.engines import engine_of
 from harness.errors import ConfigError
-from harness.gsm8k.dataset import Gsm8k, load_gsm8k
-from harness.gsm8k.protocol import ProtocolPlan, build_plan
 from harness.suite.config import LoadedSuite, load_suite
 from harness.suite.matrix import Matrix, expand, select, select_listed
 
@@ -41,16 +41,17 @@ class RunInputs:
 
     loaded: LoadedSuite
     matrix: Matrix
-    data: Gsm8k
+    data: Dataset
     plan: ProtocolPlan
     predicted: dict[str, dict] = field(default_factory=dict)  # cell id -> fields the sglang check predicts
 
 
 def load_matrix(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
-    """The suite at `path`, checked against its engine, and its (selected) matrix; ConfigError when
-    the engine is unknown, cannot run the suite, or no cell is left."""
+    """The suite at `path`, checked against its engine and benchmark, and its (selected) matrix;
+    ConfigError when either is unknown, the engine cannot run the suite, or no cell is left."""
     loaded = load_suite(path)
     engine_of(loaded).validate(loaded)
+    benchmark_named(loaded.suite.benchmark, loaded.suite.protocol)
     matrix = select(expand(loaded.suite), selection)
     if not matrix.cells:
         raise ConfigError(f"{path}: the include/exclude rules leave no cell to run")
@@ -76,8 +77,9 @@ def prepare(request: RunRequest) -> RunInputs:
         matrix = select_listed(matrix, request.cells_file)
     loaded = _with_overrides(loaded, request)
     spec = loaded.suite
-    data = load_gsm8k(request.gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
-    plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
+    benchmark = benchmark_named(spec.benchmark, spec.protocol)
+    data = benchmark.load(request.gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
+    plan = benchmark.plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
     return RunInputs(loaded, matrix, data, plan)
 
 

@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from harness.benchmark.base import ProtocolPlan
+from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.engine.launch import LaunchSpec
 from harness.engine.server import ServerProcess
 from harness.engine.verify import mismatches
 from harness.errors import ErrorKind, ServerError
 from harness.gate.sequential import EarlyStop, Looks
-from harness.gsm8k.evaluator import EvalSettings, evaluate
-from harness.gsm8k.protocol import ProtocolPlan
 from harness.records import CellError, CellOutcome, QuestionRecord, ServerInfo, Timings
 
 LOG_LIMIT_BYTES = 2 * 1024 * 1024

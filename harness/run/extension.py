@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from harness.gsm8k.protocol import ProtocolPlan, extension_plan
+from harness.benchmark.base import ProtocolPlan
+from harness.benchmark.registry import benchmark_named
 from harness.records import CellOutcome
 from harness.run.gating import Gating
 from harness.suite.matrix import Cell
@@ -29,7 +30,8 @@ def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     if not undecided:
         return
     plan: ProtocolPlan = inputs.plan
-    extra = extension_plan(inputs.data, plan, inputs.loaded.suite.gate.extend_to - len(plan.prompts))
+    benchmark = benchmark_named(inputs.loaded.suite.benchmark)
+    extra = benchmark.extension(inputs.data, plan, inputs.loaded.suite.gate.extend_to - len(plan.prompts))
     if extra is None:
         return
     extra_total = len(plan.prompts) + len(extra.prompts)

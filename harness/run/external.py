@@ -17,14 +17,14 @@ import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness.benchmark.base import ProtocolPlan
+from harness.benchmark.evaluator import EvalSettings, evaluate
+from harness.benchmark.evaluator import Progress as EvalProgress
+from harness.benchmark.gsm8k.dataset import Gsm8k
 from harness.engine.server import read_server_info
 from harness.errors import ConfigError, InfraError, ServerError
 from harness.gate.budget import Budget
 from harness.gate.verdict import Stage, judge
-from harness.gsm8k.dataset import Gsm8k
-from harness.gsm8k.evaluator import EvalSettings, evaluate
-from harness.gsm8k.evaluator import Progress as EvalProgress
-from harness.gsm8k.protocol import ProtocolPlan
 from harness.records import CellOutcome, RunInfo, ServerInfo, Status, Timings, Verdict, run_exit_code
 from harness.results.provenance import closed_run_info, new_run_info
 from harness.results.sinks import FinishedCell, standard_sinks

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
 from harness.gate.verdict import Stage, judge
-from harness.gsm8k.evaluator import score
-from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
 from harness.records import CellOutcome, CellResult, Status, Throughput, Verdict
 from harness.results.sinks import FinishedCell, Sinks
 from harness.run.history import History
@@ -166,7 +165,7 @@ class Gating:
         """Judge `cell` again on its answers plus `more` (extra questions of the extension)."""
         base = self._answers[cell.cell_id]
         records = [*base.questions, *more.questions]
-        if any(r.index < EXTENSION_INDEX_OFFSET for r in more.questions):
+        if any(r.is_test for r in more.questions):
             self._floor_grew.add(cell.cell_id)
         merged = base.model_copy(update={"questions": records,
                                          "score": score(records, base.score.eval_s + more.score.eval_s)})

@@ -18,13 +18,13 @@ from typing import Any
 
 from rich.console import Console
 
+from harness.benchmark.base import ProtocolPlan
+from harness.benchmark.evaluator import EvalSettings
 from harness.engine.launch import cell_launch_spec
 from harness.gate.attribution import explain
 from harness.gate.budget import Budget
 from harness.gate.sequential import EarlyStop
 from harness.gate.stats import preload as preload_statistics
-from harness.gsm8k.evaluator import EvalSettings
-from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, ProtocolPlan, can_extend
 from harness.records import CellOutcome, CellResult, ExitCode, RunInfo, Status, latest_per_cell, run_exit_code
 from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
@@ -90,7 +90,7 @@ class CellJobs:
         budget = run_budget(self.inputs)
         if budget.early_stop > 0:
             # The looks test the floor, which holds for test questions: they look at those alone.
-            test = tuple(p.index for p in self.inputs.plan.prompts if p.index < EXTENSION_INDEX_OFFSET)
+            test = self.inputs.plan.test_indices()
             early_stop = EarlyStop(cell.model.floor, len(test), budget.early_stop, suite.gate.extraction, order=test)
         return CellJob(spec=spec, settings=settings, queued_at=self.queued_at[cell.cell_id],
                        stall_timeout_s=suite.stall_timeout_s, early_stop=early_stop)
@@ -100,7 +100,7 @@ def run_budget(inputs: RunInputs) -> Budget:
     """The run's false-fail budget (harness.gate.budget): every cell of the matrix, a stage 2 when
     the suite extends and its protocol can."""
     gate = inputs.loaded.suite.gate
-    extends = bool(gate.extend_to and gate.extend_to > len(inputs.plan.prompts) and can_extend(inputs.plan))
+    extends = bool(gate.extend_to and gate.extend_to > len(inputs.plan.prompts) and inputs.plan.extensible)
     return Budget(gate.alpha, len(inputs.matrix.cells), gate.early_stop_share,
                   gate.extension_share if extends else 0.0)
 
@@ -132,7 +132,7 @@ def _open(inputs: RunInputs, options: RunOptions) -> tuple[ResultsStore, RunInfo
 
 def _run_params(inputs: RunInputs, store: ResultsStore) -> dict[str, Any]:
     suite, plan = inputs.loaded.suite, inputs.plan
-    return {"suite": suite.suite, "engine": suite.engine, "protocol": plan.name,
+    return {"suite": suite.suite, "engine": suite.engine, "benchmark": plan.benchmark, "protocol": plan.name,
             "protocol_fingerprint": plan.fingerprint, "dataset_sha256": inputs.data.sha256,
             "num_questions": len(plan.prompts), "seed": suite.seed, "cells": len(inputs.matrix.cells),
             "gate_budget": run_budget(inputs).describe(), "extend_to": suite.gate.extend_to or 0,

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     from aiohttp import web
 
-    from harness.gsm8k.dataset import load_gsm8k
+    from harness.benchmark.gsm8k.dataset import load_gsm8k
     from harness.sim.server import SimState, build_app
 
     data = load_gsm8k()

@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from harness.gsm8k.dataset import Gsm8k
-from harness.gsm8k.protocol import clean_solution
+from harness.benchmark.gsm8k.dataset import Gsm8k
+from harness.benchmark.gsm8k.protocol import clean_solution
 from harness.sim.world import Decision, Fault, World, unit_hash
 
 _QUESTION_MARK = "Question:"

@@ -7,7 +7,6 @@ did-you-mean. Nothing is launched before a suite validates.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,13 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import ConfigError
-from harness.gsm8k.protocol import ProtocolName
+from harness.registry import did_you_mean
 from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, backend_axes
-
-
-def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class Strict(BaseModel):
@@ -134,7 +128,10 @@ class Suite(Strict):
     python: str | None = None
     cluster: ClusterSpec = ClusterSpec()
     dataset: DatasetSpec = DatasetSpec()
-    protocol: ProtocolName = ProtocolName.CLEAN
+    # A registered benchmark (harness.benchmark.registry) and one of its protocols, checked where the
+    # run is built (harness.run.build), like the engine.
+    benchmark: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "gsm8k"
+    protocol: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "clean"
     # null: the whole test split; past its 1,319 (clean, chat): then train questions, for the paired tests.
     num_questions: Annotated[int, Field(ge=1)] | None = 200
     max_tokens: Annotated[int, Field(ge=1)] = 512

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.benchmark.evaluator import EvalSettings
+from harness.benchmark.gsm8k.protocol import build_plan
 from harness.engine.engines import ENGINES, SimEngine
 from harness.engine.launch import EngineRoutes, LaunchSpec, cell_launch_spec
 from harness.errors import ConfigError
-from harness.gsm8k.evaluator import EvalSettings
-from harness.gsm8k.protocol import build_plan
 from harness.run.build import load_matrix
 from harness.run.cell import CellJob, run_cell
 from tests.helpers import INCIDENT_WORLD, machine_s, make_cell
@@ -70,7 +70,7 @@ def test_a_toy_engine_is_one_class_and_one_registration(tmp_path):
     assert argv[:3] == [sys.executable, "-m", "harness.sim"] and argv[argv.index("--attention-backend") + 1] == "triton"
     # The spec is data: a worker runs it without the registration (the engine is gone here).
     assert "toy" not in ENGINES
-    from harness.gsm8k.dataset import load_gsm8k
+    from harness.benchmark.gsm8k.dataset import load_gsm8k
 
     plan = build_plan(load_gsm8k(), "clean", 12, 0)
     job = CellJob(spec=LaunchSpec(**{**spec.__dict__, "startup_timeout_s": machine_s(30), "stop_grace_s": 2.0}),

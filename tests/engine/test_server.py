@@ -12,10 +12,10 @@ import time
 
 import pytest
 
+from harness.benchmark.evaluator import EvalSettings, evaluate
+from harness.benchmark.gsm8k.protocol import build_plan
 from harness.engine.server import ServerProcess, group_members
 from harness.errors import ServerError
-from harness.gsm8k.evaluator import EvalSettings, evaluate
-from harness.gsm8k.protocol import build_plan
 from tests.helpers import ROOT, fault_world, make_cell, sim_spec
 
 CELL = make_cell({"attention_backend": "triton"})

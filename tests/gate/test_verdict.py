@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET
+from harness.benchmark.scoring import score
 from harness.errors import ErrorKind
 from harness.gate.budget import Budget
 from harness.gate.stats import drop_above_margin_p, paired_comparison, wilson_interval
 from harness.gate.verdict import Stage, judge
-from harness.gsm8k.evaluator import score
-from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET
 from harness.records import CellError, CellOutcome, QuestionRecord, Status
 from harness.suite.config import GateSpec
 

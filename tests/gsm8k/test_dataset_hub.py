@@ -15,7 +15,7 @@ def test_an_unreachable_hub_and_an_empty_cache_say_where_to_get_gsm8k(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("REGRESS_GSM8K_PATH", "HF_HUB_OFFLINE",
                                                             "HF_DATASETS_OFFLINE")}
     env |= {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}  # nobody listens
-    probe = ("from harness.gsm8k.dataset import load_gsm8k\n"
+    probe = ("from harness.benchmark.gsm8k.dataset import load_gsm8k\n"
              "try:\n    load_gsm8k(None)\nexcept Exception as error:\n    print(error)\n")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env,
                             timeout=300)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+from harness.benchmark.evaluator import EvalSettings, evaluate
+from harness.benchmark.gsm8k.protocol import build_plan
 from harness.engine.server import ServerProcess
 from harness.gate.verdict import Stage, judge
-from harness.gsm8k.evaluator import EvalSettings, evaluate
-from harness.gsm8k.protocol import build_plan
 from harness.records import CellOutcome, Status
 from harness.suite.config import GateSpec
 from tests.helpers import fault_world, make_cell, sim_spec
@@ -95,7 +95,7 @@ def test_the_openai_client_path_retries_and_reports(tmp_path, gsm8k):
 
 def test_latency_is_the_answering_attempts_not_the_retries_and_their_backoff(gsm8k):
     """Seen against a real server: latency_s summed every retry and its backoff."""
-    from harness.gsm8k.evaluator import _Answer, _ask, _Retryable
+    from harness.benchmark.evaluator import _Answer, _ask, _Retryable
 
     calls = []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.gsm8k.extract import (
+from harness.benchmark.gsm8k.extract import (
     extract_flexible,
     extract_sglang_integer,
     extract_strict,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET, SGLANG_STOP, build_plan, extension_plan
 from harness.errors import ConfigError
-from harness.gsm8k.protocol import EXTENSION_INDEX_OFFSET, SGLANG_STOP, build_plan, extension_plan
 
 
 def test_sglang_fewshot_prompt_for_question_0_is_byte_exact(gsm8k, _gsm8k_env):
@@ -90,7 +90,7 @@ def test_run_eval_prompts_are_byte_identical_to_gsm8keval(gsm8k):
     ("he pays $1,945,400 in all", "1945400"), ("-5 degrees", "-5"), ("#### 3.50", "3.5"),
     ("The answer is 18.", "18"), ("agent 007", None), ("no number", None)])
 def test_run_eval_extraction_keeps_signs_and_decimals(output, value):
-    from harness.gsm8k.extract import extract_sglang_run_eval
+    from harness.benchmark.gsm8k.extract import extract_sglang_run_eval
 
     assert extract_sglang_run_eval(output) == value
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.gsm8k.protocol import build_plan
+from harness.benchmark.gsm8k.protocol import build_plan
 from harness.records import CellResult, RunInfo, Status
 from harness.results.sinks import FinishedCell, FolderSink, Sinks, standard_sinks
 from harness.results.store import ResultsStore

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from harness.benchmark.gsm8k.protocol import build_plan
+from harness.benchmark.scoring import score
 from harness.cli import app
 from harness.engine.server import ServerProcess, free_port
 from harness.errors import ErrorKind
-from harness.gsm8k.evaluator import score
-from harness.gsm8k.protocol import build_plan
 from harness.records import CellOutcome, QuestionRecord, Status
 from harness.run.external import _verdict
 from harness.suite.config import GateSpec

@@ -9,9 +9,9 @@ import sys
 import aiohttp
 import pytest
 
+from harness.benchmark.evaluator import EvalSettings, evaluate
+from harness.benchmark.gsm8k.protocol import build_plan
 from harness.engine.server import ServerProcess
-from harness.gsm8k.evaluator import EvalSettings, evaluate
-from harness.gsm8k.protocol import build_plan
 from tests.helpers import INCIDENT_WORLD, KIMI, make_cell, sim_spec
 
 INCIDENT_AXES = {"attention_backend": "fa3", "unified_memory": "on", "radix_cache": "on"}

@@ -76,9 +76,18 @@ def test_threshold_outside_unit_interval(tmp_path):
     assert "models[0].floor" in refused(tmp_path, GOOD.replace("floor: 0.8", "floor: 1.5"))
 
 
-def test_unknown_protocol(tmp_path):
-    message = refused(tmp_path, GOOD + "protocol: gsm8k-cot\n")
-    assert "protocol" in message and "sglang-fewshot" in message
+def test_unknown_protocol_names_the_benchmarks_protocols(tmp_path):
+    """The suite names a benchmark and one of its protocols; both are checked where the run is built."""
+    from harness.run.build import load_matrix
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(GOOD + "protocol: gsm8k-cot\n")
+    with pytest.raises(ConfigError, match=r"^protocol: unknown protocol 'gsm8k-cot' of benchmark gsm8k; allowed: "
+                                          r"clean, sglang-fewshot, sglang-run-eval, chat$"):
+        load_matrix(path, None)
+    path.write_text(GOOD + "benchmark: mmlu\n")
+    with pytest.raises(ConfigError, match=r"^benchmark: unknown benchmark 'mmlu'; available: gsm8k$"):
+        load_matrix(path, None)
 
 
 @pytest.mark.parametrize("key", ["num_questions", "concurrency"])

@@ -21,8 +21,8 @@ from ray.exceptions import RayActorError, RayError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness.benchmark.base import ProtocolPlan
 from harness.errors import ErrorKind
-from harness.gsm8k.protocol import ProtocolPlan
 from harness.records import CellError, CellOutcome
 from harness.run.cell import CellJob
 from harness.run.ray.slots import Slot, SlotPool

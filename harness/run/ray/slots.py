@@ -22,7 +22,7 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from harness.gsm8k.protocol import ProtocolPlan
+from harness.benchmark.base import ProtocolPlan
 from harness.records import CellOutcome
 from harness.run.cell import CellJob, run_cell
 from harness.run.scheduling.inventory import Inventory

@@ -21,8 +21,9 @@ from typing import Any
 
 import aiohttp
 
-from harness.gsm8k.protocol import Prompt, ProtocolPlan
-from harness.records import QuestionRecord, Score, Throughput
+from harness.benchmark.base import Prompt, ProtocolPlan
+from harness.benchmark.scoring import score
+from harness.records import QuestionRecord, Score
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
@@ -170,11 +171,11 @@ async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalS
             backoff = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** (attempt - 1))
             await asyncio.sleep(min(settings.backoff_max_s, retryable.retry_after_s or backoff))
     if answer is None:
-        return QuestionRecord(index=prompt.index, prompt_sha=prompt.sha, gold=prompt.gold, pred=None,
+        return QuestionRecord(index=prompt.index, split=prompt.split, prompt_sha=prompt.sha, gold=prompt.gold, pred=None,
                               correct=False, finish_reason=None, output="", latency_s=latency,
                               output_tokens=0, attempts=attempt, error=error)
     grade = plan.grade(answer.text, prompt.gold)
-    return QuestionRecord(index=prompt.index, prompt_sha=prompt.sha, gold=prompt.gold, pred=grade.pred,
+    return QuestionRecord(index=prompt.index, split=prompt.split, prompt_sha=prompt.sha, gold=prompt.gold, pred=grade.pred,
                           pred_strict=grade.pred_strict, correct=grade.correct, correct_strict=grade.correct_strict,
                           finish_reason=answer.finish_reason, output=answer.text, latency_s=latency,
                           output_tokens=answer.output_tokens, attempts=attempt)
@@ -259,19 +260,3 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
             send = _openai_sender(client)
         ordered = await asking.run(send)
     return score(ordered, time.perf_counter() - asking.started), ordered
-
-
-def score(records: list[QuestionRecord], eval_s: float) -> Score:
-    """Accuracy over answered questions; transport failures are counted, not scored."""
-    answered = [r for r in records if r.error is None]
-    n = len(answered)
-    correct = sum(r.correct for r in answered)
-    tokens = sum(r.output_tokens for r in answered)
-    return Score(
-        n=n, correct=correct, accuracy=correct / n if n else 0.0,
-        correct_strict=sum(r.correct_strict for r in answered),
-        invalid_rate=sum(r.pred is None for r in answered) / n if n else 0.0,
-        truncated_rate=sum(r.finish_reason == "length" for r in answered) / n if n else 0.0,
-        infra_failures=len(records) - n, retries=sum(r.attempts - 1 for r in records), eval_s=eval_s,
-        throughput=Throughput(requests_per_s=len(records) / eval_s if eval_s > 0 else 0.0,
-                              output_tokens_per_s=tokens / eval_s if eval_s > 0 else 0.0))

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from harness.benchmark.gsm8k.extract import gold_answer
 from harness.errors import DatasetError
-from harness.gsm8k.extract import gold_answer
 
 ENV_VAR = "REGRESS_GSM8K_PATH"
 HUB_ID = ("openai/gsm8k", "main")

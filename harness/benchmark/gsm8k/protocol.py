@@ -17,22 +17,19 @@ Every plan carries a fingerprint: results with different fingerprints are not co
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import re
-from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
 
-from harness.errors import ConfigError
-from harness.gsm8k.dataset import Gsm8k, Problem
-from harness.gsm8k.extract import (
+from harness.benchmark.base import Endpoint, Grade, Prompt, ProtocolPlan, fingerprinted
+from harness.benchmark.gsm8k.dataset import Gsm8k, Problem
+from harness.benchmark.gsm8k.extract import (
     extract_flexible,
     extract_sglang_integer,
     extract_sglang_run_eval,
     extract_strict,
 )
+from harness.errors import ConfigError
 
 
 class ProtocolName(str, Enum):
@@ -47,65 +44,35 @@ class ProtocolName(str, Enum):
         return self.value
 
 
-Endpoint = Literal["completions", "generate", "chat"]
 NUM_SHOTS = 5
 CLEAN_STOP = ("Question:", "</s>", "<|im_end|>")
 SGLANG_STOP = ("Question", "Assistant:", "<|separator|>")
 _CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
+TRAIN_SPLIT = "train"
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One question as it will be sent. `index` is the question's line in its split."""
-
-    index: int
-    gold: str
-    text: str | None = None
-    messages: tuple[tuple[str, str], ...] | None = None
-
-    @property
-    def sha(self) -> str:
-        body = self.text if self.text is not None else json.dumps(self.messages)
-        return hashlib.sha256(body.encode()).hexdigest()[:16]
+def grade_flexible(output: str, gold: str) -> Grade:
+    """clean and chat: the flexible extraction gates (or the strict one, `gate.extraction`)."""
+    flexible, strict = extract_flexible(output), extract_strict(output)
+    return Grade(flexible, flexible == gold, strict, strict == gold)
 
 
-@dataclass(frozen=True)
-class Grade:
-    pred: str | None
-    correct: bool
-    pred_strict: str | None
-    correct_strict: bool
+def grade_sglang_integer(output: str, gold: str) -> Grade:
+    """sglang-fewshot: sglang's own integer extraction."""
+    pred = extract_sglang_integer(output)
+    return Grade(pred, pred == gold, pred, pred == gold)
 
 
-@dataclass(frozen=True)
-class ProtocolPlan:
-    """Everything needed to ask and score the questions of one cell."""
+def grade_sglang_run_eval(output: str, gold: str) -> Grade:
+    """sglang-run-eval: GSM8KEval's extraction (the number after the first `####`, else the last)."""
+    pred = extract_sglang_run_eval(output)
+    return Grade(pred, pred == gold, pred, pred == gold)
 
-    name: ProtocolName
-    endpoint: Endpoint
-    prompts: tuple[Prompt, ...]
-    stop: tuple[str, ...]
-    max_tokens: int
-    temperature: float
-    shot_indices: tuple[int, ...]
-    seed: int
-    dataset_sha256: str
-    fingerprint: str
 
-    def grade(self, output: str, gold: str) -> Grade:
-        if self.name == "sglang-run-eval":
-            pred = extract_sglang_run_eval(output)
-            return Grade(pred, pred == gold, pred, pred == gold)
-        if self.name == "sglang-fewshot":
-            pred = extract_sglang_integer(output)
-            return Grade(pred, pred == gold, pred, pred == gold)
-        flexible, strict = extract_flexible(output), extract_strict(output)
-        return Grade(flexible, flexible == gold, strict, strict == gold)
-
-    def fingerprint_fields(self) -> dict[str, object]:
-        return {"protocol": self.name, "endpoint": self.endpoint, "dataset_sha256": self.dataset_sha256,
-                "shots": list(self.shot_indices), "questions": len(self.prompts), "seed": self.seed,
-                "stop": list(self.stop), "max_tokens": self.max_tokens, "temperature": self.temperature}
+_GRADERS = {ProtocolName.CLEAN: grade_flexible, ProtocolName.CHAT: grade_flexible,
+            ProtocolName.SGLANG_FEWSHOT: grade_sglang_integer, ProtocolName.SGLANG_RUN_EVAL: grade_sglang_run_eval}
+# Their questions are fixed by sglang's tests: no clean extension.
+_EXTENSIBLE = {ProtocolName.CLEAN, ProtocolName.CHAT}
 
 
 def clean_solution(solution: str) -> str:
@@ -143,9 +110,10 @@ def _chosen(data: Gsm8k, shots: list[int], num_questions: int | None, seed: int)
 
 def _prompt(name: ProtocolName, index: int, problem: Problem, prefix: str,
             turns: tuple[tuple[str, str], ...]) -> Prompt:
+    split = TRAIN_SPLIT if index >= EXTENSION_INDEX_OFFSET else "test"
     if name == ProtocolName.CLEAN:
-        return Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:")
-    return Prompt(index, problem.gold, messages=(*turns, ("user", f"Question: {problem.question}")))
+        return Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:", split=split)
+    return Prompt(index, problem.gold, messages=(*turns, ("user", f"Question: {problem.question}")), split=split)
 
 
 def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max_tokens: int = 512) -> ProtocolPlan:
@@ -212,12 +180,8 @@ def _sglang_example(problem: Problem, include_answer: bool) -> str:
 
 def _finish(data: Gsm8k, name: ProtocolName, endpoint: Endpoint, prompts: list[Prompt], stop: tuple[str, ...],
             max_tokens: int, shots: list[int], seed: int) -> ProtocolPlan:
-    plan = ProtocolPlan(name, endpoint, tuple(prompts), stop, max_tokens, 0.0, tuple(shots), seed, data.sha256, "")
-    fields = plan.fingerprint_fields() | {"question_indices": [p.index for p in prompts],
-                                          "template": prompts[0].sha if prompts else ""}
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-    return ProtocolPlan(name, endpoint, tuple(prompts), stop, max_tokens, 0.0, tuple(shots), seed,
-                        data.sha256, digest)
+    return fingerprinted(ProtocolPlan(name.value, endpoint, tuple(prompts), stop, max_tokens, 0.0, tuple(shots), seed,
+                                      data.sha256, "", grader=_GRADERS[name], extensible=name in _EXTENSIBLE))
 
 
 EXTENSION_INDEX_OFFSET = 100_000  # train question i is recorded as index 100000 + i
@@ -234,12 +198,12 @@ def extension_plan(data: Gsm8k, plan: ProtocolPlan, count: int) -> ProtocolPlan 
     chosen = [(i, data.test[i]) for i in _question_order(len(data.test), None, plan.seed) if i not in asked]
     chosen += [(EXTENSION_INDEX_OFFSET + i, data.train[i]) for i in _train_pool(data, plan.shot_indices, plan.seed)
                if EXTENSION_INDEX_OFFSET + i not in asked]
-    prefix, turns = _shots(plan.name, data, plan.shot_indices)
-    prompts = [_prompt(plan.name, index, problem, prefix, turns) for index, problem in chosen[:count]]
-    return ProtocolPlan(plan.name, plan.endpoint, tuple(prompts), plan.stop, plan.max_tokens, plan.temperature,
-                        plan.shot_indices, plan.seed, plan.dataset_sha256, plan.fingerprint + "+ext")
+    name = ProtocolName(plan.name)
+    prefix, turns = _shots(name, data, plan.shot_indices)
+    prompts = [_prompt(name, index, problem, prefix, turns) for index, problem in chosen[:count]]
+    return ProtocolPlan(**{**plan.__dict__, "prompts": tuple(prompts), "fingerprint": plan.fingerprint + "+ext"})
 
 
 def can_extend(plan: ProtocolPlan) -> bool:
     """Whether undecided cells of this protocol can be asked more questions (`extension_plan`)."""
-    return plan.name not in ("sglang-fewshot", "sglang-run-eval")
+    return plan.extensible
