@@ -13,17 +13,23 @@ DEMO = (ROOT / "configs" / "demo.yaml").read_text()
 
 
 def regress(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`regress ARGS` in a subprocess whose Ray, if it started one, would write its session under
+    `result.ray_tmpdir` (RAY_TMPDIR), so a test can tell that nothing was launched."""
     import os
+    import tempfile
 
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**os.environ, **(env or {})})
+    ray_tmpdir = tempfile.mkdtemp(prefix="regress-ray-")
+    result = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT, env={**os.environ, "RAY_TMPDIR": ray_tmpdir, **(env or {})})
+    result.ray_tmpdir = Path(ray_tmpdir)  # type: ignore[attr-defined]
+    return result
 
 
 def refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr
-    assert "Token authentication" not in result.stderr  # Ray never started
+    assert list(result.ray_tmpdir.iterdir()) == []  # type: ignore[attr-defined]  # Ray never started
 
 
 def suite_file(tmp_path: Path, text: str) -> str:

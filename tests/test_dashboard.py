@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from harness.analysis.dashboard import build_html, load_input
-from harness.records import CellResult, QuestionRecord, RunInfo, Status
+from harness.records import RunInfo, Status
 from harness.results.archive import archives
 from harness.results.store import ResultsStore
+from tests import records
 
 BACKENDS = ("fa3", "triton")
 
@@ -31,13 +32,10 @@ def fake_run(root: Path, number: int, broken: bool) -> None:
             cell_id = f"m.ab-{backend}.um-{um}"
             bad = broken and backend == "fa3" and um == "on"
             answers = [i % (2 if bad else 10) != 0 for i in range(50)]
-            store.write_questions(cell_id, [QuestionRecord(index=i, prompt_sha="s", gold="1", pred="1", correct=ok,
-                                                           finish_reason="stop", output="", latency_s=0, output_tokens=1)
-                                            for i, ok in enumerate(answers)])
-            store.append_cell(CellResult(cell_id=cell_id, model="m", factors={"attention_backend": backend,
-                                                                                "unified_memory": um},
-                                         args=[], resolved={}, status=Status.FAIL if bad else Status.PASS,
-                                         reason="r", accuracy=sum(answers) / 50, n=50, mlflow_run_id=f"run-{cell_id}"))
+            store.write_questions(cell_id, records.answers(answers))
+            store.append_cell(records.result(cell_id, Status.FAIL if bad else Status.PASS, reason="r",
+                                             factors={"attention_backend": backend, "unified_memory": um},
+                                             accuracy=sum(answers) / 50, n=50, mlflow_run_id=f"run-{cell_id}"))
 
 
 @pytest.fixture()

@@ -14,11 +14,11 @@ import yaml
 from harness.analysis.night import assess
 from harness.records import CellResult, Status
 from tests.helpers import INCIDENT_WORLD, ROOT
+from tests.records import result as a_result
 
 
 def result(cell_id: str, status: Status, reference: str | None = "ref") -> CellResult:
-    return CellResult(cell_id=cell_id, model="m", factors={}, args=[], resolved={}, status=status,
-                      reason=f"{status.value} because", reference_cell=reference)
+    return a_result(cell_id, status, reference_cell=reference)
 
 
 def test_errors_on_a_reference_or_above_the_share_make_a_broken_run():

@@ -17,11 +17,12 @@ from harness.benchmark.gsm8k.dataset import load_gsm8k
 from harness.bisect.search import bisect_commits
 from harness.cli import app
 from harness.engine.engines import ENGINES, SglangEngine, SimEngine
-from harness.records import CellOutcome, CellResult, RunInfo, Score, Throughput
+from harness.records import CellOutcome, CellResult, RunInfo
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand
 from harness.suite.selection import load_selection, select_cells
 from tests.helpers import INCIDENT_WORLD, ROOT
+from tests.records import scored
 
 FAKE_SGLANG = ROOT / "tests" / "fixtures" / "fake_sglang"
 
@@ -127,10 +128,7 @@ def test_build_suite_points_the_workers_at_one_build(tmp_path):
 
 
 def outcome(accuracy: float) -> CellOutcome:
-    return CellOutcome(cell_id="c", args=[], score=Score(n=100, correct=int(accuracy * 100), accuracy=accuracy,
-                                                          correct_strict=0, invalid_rate=0, truncated_rate=0,
-                                                          infra_failures=0, retries=0, eval_s=1,
-                                                          throughput=Throughput()))
+    return scored(accuracy)
 
 
 @pytest.mark.parametrize("first_bad", [1, 2, 31, 37, 62, 63])

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from harness.engine.launch import planned_argv
+from harness.engine.verify import predicted_fields
 from harness.errors import ConfigError, InfraError
 from harness.records import Record
 from harness.suite.config import LoadedSuite
@@ -44,7 +45,7 @@ def check_cells(python: str, loaded: LoadedSuite, cells: list[Cell], models_dir:
     """Run the cells' exact argv (`request`, else `check_request`) through the sglang that `python` imports."""
     request = request if request is not None else check_request(loaded, cells)
     kind = gpu or next((c.model.gpu_type for c in cells if c.model.gpu_type), None) or "H200"
-    command = [python, "-m", "harness.engine.sglang_check", "--gpu", kind,
+    command = [python, "-m", "harness.engine.sglang_check", "--gpu", kind, "--fields", ",".join(predicted_fields()),
                "--gpus", str(max(loaded.suite.cluster.gpus, max((c.gpus for c in cells), default=1)))]
     if models_dir is not None and models_dir.is_dir():
         command += ["--models-dir", str(models_dir)]

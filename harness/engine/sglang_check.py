@@ -34,9 +34,6 @@ import tempfile
 import types
 from pathlib import Path
 
-PREDICTED_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
-                    "disable_radix_cache", "enable_unified_memory", "chunked_prefill_size", "page_size",
-                    "mamba_radix_cache_strategy", "tp_size")
 STAND_INS = ("triton", "sgl_kernel", "torchvision")
 GPUS = {"H200": ((9, 0), 143), "H100": ((9, 0), 80), "B200": ((10, 0), 180), "A100": ((8, 0), 80)}
 
@@ -172,7 +169,7 @@ def _config_available(flags: list[str]) -> bool:
     return isinstance(try_to_load_from_cache(model, "config.json"), str)
 
 
-def _check_one(flags: list[str]) -> dict[str, object]:
+def _check_one(flags: list[str], fields: tuple[str, ...]) -> dict[str, object]:
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
@@ -196,17 +193,17 @@ def _check_one(flags: list[str]) -> dict[str, object]:
         return {"refused": f"{type(error).__name__}: {error}"[:1000], "stage": stage}
     resolved = server_args.resolved_dict() if hasattr(server_args, "resolved_dict") else vars(server_args)
     return {"refused": None, "stage": stage,
-            "predicted": {key: resolved.get(key) for key in PREDICTED_FIELDS if key in resolved}}
+            "predicted": {key: resolved.get(key) for key in fields if key in resolved}}
 
 
-def _in_child(flags: list[str], pipe: object) -> None:
+def _in_child(flags: list[str], fields: tuple[str, ...], pipe: object) -> None:
     try:
-        pipe.send(_check_one(flags))
+        pipe.send(_check_one(flags, fields))
     except BaseException as error:  # noqa: BLE001 - the child reports anything, then ends
         pipe.send({"refused": None, "stage": "harness", "problem": f"{type(error).__name__}: {error}"[:500]})
 
 
-def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int) -> list[dict]:
+def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int, fields: tuple[str, ...]) -> list[dict]:
     """Every cell's verdict from the installed sglang; see the module docstring."""
     from importlib import metadata
 
@@ -226,7 +223,7 @@ def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int) -> li
         batch = []
         for cell in cells[start:start + width]:
             receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_in_child, args=(_server_flags(cell["argv"], models_dir), send))
+            child = context.Process(target=_in_child, args=(_server_flags(cell["argv"], models_dir), fields, send))
             child.start()
             batch.append((cell, receive, child))
         for cell, receive, child in batch:
@@ -242,12 +239,14 @@ def main() -> int:
     parser.add_argument("--models-dir", type=Path, default=None, help="a folder of <model path>/config.json")
     parser.add_argument("--gpu", default="H200", help=f"GPU kind to describe: {', '.join(GPUS)}")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node to describe")
+    parser.add_argument("--fields", required=True,
+                        help="comma-separated resolved fields to report (the harness's axis registry names them)")
     options = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # config.json comes from --models-dir, never the hub
     cells = json.load(sys.stdin)
     output = sys.stdout
     sys.stdout = sys.stderr  # sglang logs to stdout; only the JSON answer goes there
-    results = check(cells, options.models_dir, options.gpu, options.gpus)
+    results = check(cells, options.models_dir, options.gpu, options.gpus, tuple(options.fields.split(",")))
     output.write(json.dumps(results) + "\n")
     return 0
 

@@ -9,12 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.suite.axes import server_fields
+from harness.suite.axes import reported_flags, server_fields
 from harness.suite.matrix import expectations_from_flags
 
 # Server-info fields kept in cells.jsonl besides the axes' own (the whole info goes to MLflow).
 _OTHER_FIELDS = ("tp_size", "random_seed", "model_path", "mamba_radix_cache_strategy", "enable_two_batch_overlap",
                  "version")
+
+
+# Resolved fields the plan-time check reports besides every field the harness knows a flag for:
+# what the engine decides by itself (and the simulator has no say in).
+_DECIDED_BY_ENGINE = ("page_size", "mamba_radix_cache_strategy")
+
+
+def predicted_fields() -> tuple[str, ...]:
+    """What the plan-time sglang check predicts: every field a known flag resolves to (the axis
+    registry and the other reported flags, `harness.suite.axes.reported_flags`), and what sglang
+    decides by itself."""
+    return tuple(dict.fromkeys([*(field for field, _ in reported_flags().values()), *_DECIDED_BY_ENGINE]))
 
 
 def resolved_subset(info: dict[str, Any]) -> dict[str, Any]:

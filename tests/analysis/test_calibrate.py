@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from harness.analysis.calibrate import pinnable_run, propose_floors
 from harness.records import CellResult, RunInfo, Status, latest_per_cell
+from tests.records import result, run_info
 
 
 def info(run_id: str, interrupted: bool = False) -> RunInfo:
-    return RunInfo(run_id=run_id, suite="nightly", config_path="", config_sha256="", engine="sglang",
-                   harness_version="0", protocol="clean", started_at="2026-12-01T00:00:00+00:00",
-                   interrupted=interrupted)
+    return run_info(run_id, interrupted=interrupted)
 
 
 def cell(cell_id: str, model: str, status: Status, correct: int, n: int, floor_n: int = 0,
          floor_correct: int = 0) -> CellResult:
-    return CellResult(cell_id=cell_id, model=model, factors={}, args=[], resolved={}, status=status, reason="",
-                      correct=correct, n=n, accuracy=correct / n, floor_n=floor_n, floor_correct=floor_correct)
+    return result(cell_id, status, model, reason="", correct=correct, n=n, accuracy=correct / n, floor_n=floor_n,
+                  floor_correct=floor_correct)
 
 
 def test_the_floor_proposed_is_the_lowest_lower_bound_of_a_passing_cell_rounded_down():

@@ -68,3 +68,22 @@ def test_an_unknown_flag_is_refused_at_argparse(sglang_python, tmp_path: Path):
     loaded = load_suite(tmp_path / "s.yaml")
     (checked,) = check_cells(sglang_python, loaded, list(expand(loaded.suite).cells))
     assert checked.stage == "argparse" and "unrecognized arguments: --no-such-flag" in checked.refused
+
+
+def test_the_predicted_fields_come_from_the_axis_registry(sglang_python, tmp_path: Path):
+    """A registered axis's field is predicted with no list to keep in step (deterministic inference
+    was missing from the hand-kept one)."""
+    from harness.engine.verify import predicted_fields
+    from harness.suite.axes import SwitchAxis, registered
+
+    assert "enable_deterministic_inference" in predicted_fields()
+    with registered(SwitchAxis("mixed_chunk", "mc", "--enable-mixed-chunk", "enable_mixed_chunk")):
+        assert "enable_mixed_chunk" in predicted_fields()
+        (tmp_path / "s.yaml").write_text(
+            "suite: s\nengine: sglang\nmodels: [{id: m, path: moonshotai/Kimi-Linear-48B-A3B-Instruct, tp: 2, "
+            "trust_remote_code: true}]\naxes: {mixed_chunk: [on], deterministic_inference: [off]}\n")
+        loaded = load_suite(tmp_path / "s.yaml")
+        (checked,) = check_cells(sglang_python, loaded, list(expand(loaded.suite).cells))
+    assert checked.refused is None and checked.stage == "check", checked
+    assert checked.predicted["enable_mixed_chunk"] is True
+    assert checked.predicted["enable_deterministic_inference"] is False

@@ -6,11 +6,7 @@ import random
 
 from harness.gate.sequential import EarlyStop, Looks, looks
 from harness.records import QuestionRecord
-
-
-def answers(pattern: list[bool]) -> list[QuestionRecord]:
-    return [QuestionRecord(index=i, prompt_sha="s", gold="1", pred="1", correct=ok, finish_reason="stop", output="",
-                           latency_s=0, output_tokens=1) for i, ok in enumerate(pattern)]
+from tests.records import answers
 
 
 def first_stop(rule: EarlyStop, pattern: list[bool]) -> int | None:

@@ -3,31 +3,21 @@
 from __future__ import annotations
 
 from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET
-from harness.benchmark.scoring import score
 from harness.errors import ErrorKind
 from harness.gate.budget import Budget
 from harness.gate.stats import drop_above_margin_p, paired_comparison, wilson_interval
 from harness.gate.verdict import Stage, judge
 from harness.records import CellError, CellOutcome, QuestionRecord, Status
 from harness.suite.config import GateSpec
+from tests.records import answers
+from tests.records import outcome as of_records
 
 GATE = GateSpec(alpha=0.01, tolerance=0.01, min_effect=0.03)
 NIGHT = Stage(alpha=Budget(0.01, 32).stage(1))  # one cell of a 32-cell run that does not extend
 
 
-def records(pattern: list[bool], errors: int = 0) -> list[QuestionRecord]:
-    out = [QuestionRecord(index=i, prompt_sha="x", gold="1", pred="1" if ok else "2", correct=ok, correct_strict=ok,
-                          finish_reason="stop", output="", latency_s=0.0, output_tokens=1)
-           for i, ok in enumerate(pattern)]
-    out += [QuestionRecord(index=len(pattern) + i, prompt_sha="x", gold="1", pred=None, correct=False,
-                           finish_reason=None, output="", latency_s=0.0, output_tokens=0, error="HTTP 503")
-            for i in range(errors)]
-    return out
-
-
 def outcome(pattern: list[bool], errors: int = 0, **kwargs) -> CellOutcome:
-    recs = records(pattern, errors)
-    return CellOutcome(cell_id="c", args=[], score=score(recs, 1.0), questions=recs, **kwargs)
+    return of_records(answers(pattern, errors=errors), **kwargs)
 
 
 HEALTHY = [i % 10 != 0 for i in range(200)]  # 0.90
@@ -81,8 +71,8 @@ def test_errors_and_mismatches_win():
 
 
 def test_strict_extraction_is_used_when_configured():
-    recs = [r.model_copy(update={"correct_strict": False}) for r in records(HEALTHY)]
-    cell = CellOutcome(cell_id="c", args=[], score=score(recs, 1.0), questions=recs)
+    recs = [r.model_copy(update={"correct_strict": False}) for r in answers(HEALTHY)]
+    cell = of_records(recs)
     assert judge(cell, 0.85, GateSpec(extraction="strict"), Stage(alpha=0.01)).status is Status.FAIL
 
 
@@ -140,14 +130,8 @@ def test_alpha_is_split_over_the_tests_actually_made():
 
 
 # ---- one budget, margins and two stages (issue 15) --------------------------------------------------
-def answers(correct: list[bool], start: int = 0) -> list[QuestionRecord]:
-    return [QuestionRecord(index=start + i, prompt_sha="x", gold="1", pred="1" if ok else "2", correct=ok,
-                           correct_strict=ok, finish_reason="stop", output="", latency_s=0.0, output_tokens=1)
-            for i, ok in enumerate(correct)]
-
-
 def cell_of(recs: list[QuestionRecord], **kwargs) -> CellOutcome:
-    return CellOutcome(cell_id="c", args=[], score=score(recs, 1.0), questions=recs, **kwargs)
+    return of_records(recs, **kwargs)
 
 
 def pair(n: int, losses: int, gains: int, base: float = 0.9) -> tuple[CellOutcome, CellOutcome]:

@@ -16,6 +16,7 @@ from harness.run.build import RunInputs
 from harness.run.pipeline import RunOptions, run_suite
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand, select
+from tests import records
 from tests.helpers import ROOT
 
 
@@ -58,12 +59,13 @@ def test_a_toy_sink_sees_every_cell_and_the_close_of_a_real_run(ray_local, gsm8k
     assert sorted(comment.lines[:-1]) == sorted(f"{r.status.value} {r.cell_id} n=20" for r in report.results)
     assert comment.lines[-1] == f"4 cells, exit {report.exit_code}" and comment.closed.counts == report.info.counts
     written = ResultsStore(tmp_path, report.info.run_id).cells()
-    assert [r.cell_id for r in written] and all(r.status is not Status.SKIPPED for r in written)
+    assert sorted(r.cell_id for r in written) == sorted(c.cell_id for c in matrix.cells)
+    assert {r.cell_id: r.status for r in written} == {r.cell_id: r.status for r in report.results}
 
 
 def test_the_folder_sink_writes_questions_log_and_line_and_records_the_log_path(tmp_path):
     store = ResultsStore(tmp_path, "t-1")
-    result = CellResult(cell_id="c", model="m", factors={}, args=[], resolved={}, status=Status.PASS, reason="ok")
+    result = records.result("c", Status.PASS, reason="ok")
     written = FolderSink(store).cell(FinishedCell(result, [], {}, "server log\n"))
     assert written.log_path == str(tmp_path / "t-1" / "logs" / "c.log")
     assert Path(written.log_path).read_text() == "server log\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness.records import CellResult, QuestionRecord, RunInfo, Status
 from harness.run.history import History
+from tests.records import answer, result
 
 
 def info(run_id: str, fingerprint: str = "fp") -> RunInfo:
@@ -23,12 +24,10 @@ class MemoryArchive:
         return self.infos
 
     def cells(self, run_id: str) -> list[CellResult]:
-        return [CellResult(cell_id=cell, model="m", factors={}, args=[], resolved={}, status=status, reason="")
-                for cell, status in self.statuses[run_id].items()]
+        return [result(cell, status, reason="") for cell, status in self.statuses[run_id].items()]
 
     def questions(self, run_id: str, cell_id: str) -> list[QuestionRecord]:
-        return [QuestionRecord(index=0, prompt_sha=run_id, gold="1", pred="1", correct=True, finish_reason="stop",
-                               output="", latency_s=0.0, output_tokens=1)]
+        return [answer(0, True, prompt_sha=run_id)]
 
 
 def test_each_cell_pairs_with_its_own_last_pass_and_the_pinned_run():
