@@ -45,7 +45,7 @@ def run_bisect(request: BisectRequest, results_dir: Path, console: Console) -> B
         if request.cell_id not in cells:
             raise ConfigError(f"--cell {request.cell_id}: not a cell of {request.run.suite_path}; `regress plan` lists them")
         cell = cells[request.cell_id]
-        check_fits(Matrix((cell,)))
+        check_fits(Matrix((cell,)), spec.cluster.slot_resource)
 
         def run_probe(commit: str) -> CellOutcome:
             probe_loaded, probe_cell = engine.at_commit(inputs.loaded, cell, commit, request.build)

@@ -44,7 +44,9 @@ def check_cells(python: str, loaded: LoadedSuite, cells: list[Cell], models_dir:
                 request: list[dict[str, object]] | None = None) -> list[CheckedCell]:
     """Run the cells' exact argv (`request`, else `check_request`) through the sglang that `python` imports."""
     request = request if request is not None else check_request(loaded, cells)
-    kind = gpu or next((c.model.gpu_type for c in cells if c.model.gpu_type), None) or "H200"
+    # The cell's platform, described: the CPU, or the suite's GPU kind (an H200 unless it names one).
+    kind = "cpu" if loaded.suite.cluster.platform == "cpu" else (
+        gpu or next((c.model.gpu_type for c in cells if c.model.gpu_type), None) or "H200")
     command = [python, "-m", "harness.engine.sglang_check", "--gpu", kind, "--fields", ",".join(predicted_fields()),
                "--gpus", str(max(loaded.suite.cluster.gpus, max((c.gpus for c in cells), default=1)))]
     if models_dir is not None and models_dir.is_dir():

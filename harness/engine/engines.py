@@ -52,6 +52,9 @@ class Engine:
     checks_at_plan_time: ClassVar[bool] = False
     health_route: ClassVar[str] = "/health_generate"  # 200 once the server generates
     info_routes: ClassVar[tuple[str, ...]] = ("/server_info", "/get_server_info")  # the resolved arguments
+    # Log lines that mean the server is dead even while its launcher still runs (sglang's launcher waits
+    # ~60 s "for CUDA coredumps", even on a CPU, after a scheduler crashed): the cell fails at once.
+    crash_markers: ClassVar[tuple[str, ...]] = ()
 
     def validate(self, loaded: LoadedSuite) -> None:
         """ConfigError for a suite this engine cannot run, before anything is launched."""
@@ -86,6 +89,11 @@ class SglangEngine(Engine):
 
     launch_module = "sglang.launch_server"
     checks_at_plan_time = True
+    # What sglang 0.5.23 logs when a child process fails (scheduler.py, tokenizer_manager.py,
+    # detokenizer_manager.py, engine.py): each is followed by the launcher tearing the tree down.
+    crash_markers = ("Scheduler hit an exception", "TokenizerManager hit an exception",
+                     "DetokenizerManager hit an exception", "Received sigquit from a child process",
+                     "SIGQUIT received.", "scheduler died during initialization")
 
 
 class SimEngine(Engine):
@@ -93,6 +101,7 @@ class SimEngine(Engine):
 
     launch_module = "harness.sim"
     backends_probe = _SIM_BACKENDS_PROBE
+    crash_markers = SglangEngine.crash_markers  # it logs sglang's words for a crashed scheduler (a world's fault)
 
     def validate(self, loaded: LoadedSuite) -> None:
         from harness.sim.world import load_world

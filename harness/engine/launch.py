@@ -21,11 +21,12 @@ class EngineRoutes:
     launch_module: str
     health_route: str = "/health_generate"
     info_routes: tuple[str, ...] = ("/server_info", "/get_server_info")
+    crash_markers: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, name: str, engine: Engine | None = None) -> EngineRoutes:
         engine = engine or ENGINES.get(name)
-        return cls(name, engine.launch_module, engine.health_route, engine.info_routes)
+        return cls(name, engine.launch_module, engine.health_route, engine.info_routes, engine.crash_markers)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class LaunchSpec:
     # The GPUs the scheduler gave the cell, as the node numbers them; None: whatever the caller's
     # CUDA_VISIBLE_DEVICES says (a single-cell `regress eval`).
     devices: tuple[str, ...] | None = None
+    # `cpu`: sglang's CPU backend; `platform_flags` (`cpu_flags`) come before the cell's own flags,
+    # so a model's extra_args can override them.
+    platform: str = "cuda"
+    platform_flags: tuple[str, ...] = ()
 
     def argv(self, port: int | str, nccl_port: int | str) -> list[str]:
         """`<python> -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
@@ -54,12 +59,18 @@ class LaunchSpec:
                 "--random-seed", str(self.seed), "--nccl-port", str(nccl_port)]
         if model.trust_remote_code:
             argv.append("--trust-remote-code")
-        return argv + list(self.cell.flags) + list(model.extra_args)
+        return argv + list(self.platform_flags) + list(self.cell.flags) + list(model.extra_args)
 
     def environment(self) -> dict[str, str]:
         """Variables added to the inherited environment: the suite's, then the model's, then the
-        cell's GPUs (the scheduler's choice wins over anything inherited)."""
-        devices = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices is not None else {}
+        cell's GPUs (the scheduler's choice wins over anything inherited). On `cpu`, sglang's CPU
+        engine, each tp rank's threads bound to one of the cell's slots (core numbers)."""
+        if self.platform == "cpu":
+            devices = {"SGLANG_USE_CPU_ENGINE": "1"}
+            if self.devices is not None:
+                devices["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(self.devices)
+        else:
+            devices = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices is not None else {}
         return {**self.env, **self.cell.model.env, **devices}
 
 
@@ -80,6 +91,18 @@ def cell_launch_spec(loaded: LoadedSuite, cell: Cell, data_source: str | None = 
     engine's environment (the simulator's world and data)."""
     suite = loaded.suite
     engine = engine_of(loaded)
+    platform = suite.cluster.platform
     return LaunchSpec(engine=EngineRoutes.of(suite.engine, engine), python=python or suite.python, cell=cell,
                       seed=suite.seed, startup_timeout_s=cell.model.startup_timeout_s,
-                      env=engine.environment(loaded, data_source), stop_grace_s=suite.stop_grace_s, devices=devices)
+                      env=engine.environment(loaded, data_source), stop_grace_s=suite.stop_grace_s, devices=devices,
+                      platform=platform, platform_flags=cpu_flags(loaded) if platform == "cpu" else ())
+
+
+def cpu_flags(loaded: LoadedSuite) -> tuple[str, ...]:
+    """What keeps a CPU machine alive under sglang's CPU backend (measured, ../shared/FACTS.md): a KV
+    cache sized for the suite's load instead of 0.716 of host RAM (`--max-total-tokens`: every
+    request in flight at its longest, prompt budget 1,024 tokens), no busy-polling idle scheduler
+    (`--sleep-on-idle`), and sglang's CPU docs' `--disable-overlap-schedule`."""
+    suite = loaded.suite
+    tokens = min(suite.concurrency, 64) * (suite.max_tokens + 1024)
+    return ("--device", "cpu", "--disable-overlap-schedule", "--sleep-on-idle", "--max-total-tokens", str(tokens))

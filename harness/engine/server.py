@@ -112,6 +112,7 @@ class ServerProcess:
         self.port: int | None = None
         self.startup_s = 0.0
         self.leftover_pids: list[int] = []
+        self._log_read = 0  # how far the log has been searched for crash markers
 
     @property
     def base_url(self) -> str:
@@ -127,6 +128,25 @@ class ServerProcess:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.stop)
+
+    def crash_line(self) -> str | None:
+        """The first line the server logged since the last look that says a part of it died (the
+        engine's `crash_markers`), or None. Reads only what was added to the log."""
+        markers = self.spec.engine.crash_markers
+        if not markers:
+            return None
+        try:
+            with self.log_path.open("rb") as handle:
+                handle.seek(self._log_read)
+                added = handle.read()
+        except OSError:
+            return None
+        complete = added[:added.rfind(b"\n") + 1]  # a line still being written is read next time
+        self._log_read += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if any(marker in line for marker in markers):
+                return line.strip()[:300]
+        return None
 
     def _launch(self) -> None:
         self.port = free_port()
@@ -169,6 +189,10 @@ class ServerProcess:
                 code = self.process.poll()
                 if code is not None:
                     raise ServerError(f"server exited with code {code} during startup", process_exit_code=code,
+                                      log_tail=tail(self.log_path))
+                crashed = self.crash_line()
+                if crashed is not None:
+                    raise ServerError(f"server crashed during startup (its launcher was still running): {crashed}",
                                       log_tail=tail(self.log_path))
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with session.get(self.base_url + self.spec.engine.health_route) as response:
@@ -220,6 +244,10 @@ class ServerProcess:
                     raise ServerError(f"server exited with code {code} during evaluation", process_exit_code=code,
                                       kind=ErrorKind.CRASHED,
                                       log_tail=tail(self.log_path))
+                crashed = self.crash_line()
+                if crashed is not None:
+                    raise ServerError(f"server crashed during evaluation (its launcher was still running): {crashed}",
+                                      kind=ErrorKind.CRASHED, log_tail=tail(self.log_path))
                 if progress is not None and stall_timeout_s is not None:
                     quiet_s = time.monotonic() - progress()
                     probe_s = health_probe_timeout_s({**os.environ, **self.spec.environment()})
@@ -242,17 +270,22 @@ class ServerProcess:
             return False
 
     def stop(self) -> None:
-        """SIGTERM to the process group, a grace period, then SIGKILL; check nothing survives."""
+        """SIGTERM to the launcher alone, `stop_grace_s` for it to stop its children, then SIGKILL
+        to the whole group; check nothing survives. (SIGTERM to the group would reach sglang's
+        scheduler first: its launcher then logs the scheduler as crashed and waits 5 s more.)"""
         process = self.process
         if process is None:
             return
         group = process.pid
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGTERM)
+            os.kill(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=self.spec.stop_grace_s)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + min(self.spec.stop_grace_s, 10.0)
+        while process.poll() is not None and time.monotonic() < deadline and group_members(group):
+            time.sleep(0.05)  # the launcher stopped; its children follow it: give them a moment
         # The group may outlive its leader (workers, a server that ignores SIGTERM): kill what is left.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)

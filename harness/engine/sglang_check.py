@@ -91,10 +91,13 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install_stand_ins() -> list[str]:
-    """Stand in for the CUDA-only native modules this machine lacks; which ones."""
+    """Stand in for the CUDA-only native modules this machine lacks, wholly (a finder ahead of the
+    others) or in part (an importable build without its CUDA submodules, `sgl_kernel.quantization`
+    say: a finder after the others, asked only for what no real file provides); which ones."""
     import importlib.util
 
     missing = {name for name in STAND_INS if importlib.util.find_spec(name) is None}
+    sys.meta_path.append(_StandInFinder(set(STAND_INS) - missing))
     if not missing:
         return []
     sys.meta_path.insert(0, _StandInFinder(missing))
@@ -208,7 +211,10 @@ def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int, field
     from importlib import metadata
 
     stand_ins = install_stand_ins()
-    describe_gpu(gpu, gpus)
+    if gpu == "cpu":  # sglang's CPU platform, as a CPU cell's server gets it
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    else:
+        describe_gpu(gpu, gpus)
     import sglang.srt.server_args  # noqa: F401 - the import every forked check shares
 
     try:
@@ -237,7 +243,7 @@ def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int, field
 def main() -> int:
     parser = argparse.ArgumentParser(description="Check server argv against the installed sglang (JSON in, JSON out).")
     parser.add_argument("--models-dir", type=Path, default=None, help="a folder of <model path>/config.json")
-    parser.add_argument("--gpu", default="H200", help=f"GPU kind to describe: {', '.join(GPUS)}")
+    parser.add_argument("--gpu", default="H200", help=f"GPU kind to describe: {', '.join(GPUS)}; or cpu")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node to describe")
     parser.add_argument("--fields", required=True,
                         help="comma-separated resolved fields to report (the harness's axis registry names them)")

@@ -90,7 +90,7 @@ def on_cluster(inputs: RunInputs, request: RunRequest, warn: Callable[[str], Non
     from harness.run.ray.cluster import check_fits
 
     matrix = cluster_matrix(inputs, request)
-    check_fits(matrix)
+    check_fits(matrix, inputs.loaded.suite.cluster.slot_resource)
     return plan_check(replace(inputs, matrix=matrix), warn)
 
 

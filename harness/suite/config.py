@@ -37,9 +37,15 @@ class ModelSpec(Strict):
     startup_timeout_s: Annotated[float, Field(gt=0)] = 1200.0
 
 
+CPU_SLOT_RESOURCE = "regress_cpu_slot"
+
+
 class ClusterSpec(Strict):
     address: str | None = None
-    gpus: Annotated[int, Field(ge=0)] = 8
+    # Where the servers run: `cuda` (a GPU per slot; Ray's GPU resource) or `cpu` (sglang's CPU
+    # backend; a slot is Ray's custom resource `regress_cpu_slot`, a core's worth of serving).
+    platform: Literal["cuda", "cpu"] = "cuda"
+    gpus: Annotated[int, Field(ge=0)] = 8  # slots per local node: GPUs, or on `cpu` the CPU slots
     cpus: Annotated[int, Field(ge=1)] | None = None
     runtime_env: dict[str, Any] = {}
     # Between nodes that fit a cell equally well, prefer one that already loaded its model in this
@@ -51,6 +57,11 @@ class ClusterSpec(Strict):
     # How long a cell may wait while no node of the cluster could ever hold it (nodes died, or an
     # autoscaler has not added them yet) before it is `error`.
     wait_for_nodes_s: Annotated[float, Field(gt=0)] = 600.0
+
+    @property
+    def slot_resource(self) -> str:
+        """The Ray resource one slot holds: a GPU, or a CPU slot."""
+        return CPU_SLOT_RESOURCE if self.platform == "cpu" else "GPU"
 
 
 class DatasetSpec(Strict):

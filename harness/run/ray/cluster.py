@@ -34,7 +34,7 @@ def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
         kwargs["runtime_env"] = spec.runtime_env
     already = ray.is_initialized()
     if not already:
-        _connect(address, spec.gpus, spec.cpus, kwargs)
+        _connect(address, spec.gpus, spec.cpus, kwargs, spec.slot_resource)
     try:
         yield
     finally:
@@ -42,14 +42,15 @@ def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
             ray.shutdown()
 
 
-def _connect(address: str | None, gpus: int, cpus: int | None, kwargs: dict[str, Any]) -> None:
+def _connect(address: str | None, gpus: int, cpus: int | None, kwargs: dict[str, Any], resource: str = "GPU") -> None:
     """ray.init, with any failure to start or reach Ray as one ClusterError (exit 3, not a result)."""
     try:
         if address:
             ray.init(address=address, **kwargs)
         else:
             # Loopback only: a local cluster has no reason to listen on the machine's network address.
-            ray.init(address="local", num_gpus=gpus, num_cpus=cpus, _node_ip_address="127.0.0.1", **kwargs)
+            slots = {"num_gpus": gpus} if resource == "GPU" else {"num_gpus": 0, "resources": {resource: gpus}}
+            ray.init(address="local", num_cpus=cpus, _node_ip_address="127.0.0.1", **slots, **kwargs)
     except Exception as error:  # noqa: BLE001 - Ray raises bare Exception, RuntimeError, ConnectionError...; none is carried on
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
@@ -109,14 +110,16 @@ def sglang_check(loaded: LoadedSuite, matrix: Matrix, data_source: str | None,
     return without_refused(matrix, checked), {c.cell_id: c.predicted for c in checked if c.predicted}
 
 
-def check_fits(matrix: Matrix) -> None:
-    """Refuse cells that no node can hold, before anything is launched."""
+def check_fits(matrix: Matrix, resource: str = "GPU") -> None:
+    """Refuse cells that no node can hold (in slots of `resource`: GPUs or CPU slots), before
+    anything is launched."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    largest = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
+    largest = max((int(n["Resources"].get(resource, 0)) for n in nodes), default=0)
+    what = "GPUs" if resource == "GPU" else f"slots of {resource}"
     types = {key.split(":", 1)[1] for n in nodes for key in n["Resources"] if key.startswith("accelerator_type:")}
     for cell in matrix.cells:
         if cell.gpus > largest:
-            raise ConfigError(f"models[{cell.model.id}].tp: {cell.gpus} GPUs asked by {cell.cell_id}, but the "
+            raise ConfigError(f"models[{cell.model.id}].tp: {cell.gpus} {what} asked by {cell.cell_id}, but the "
                               f"largest node has {largest}; an actor never spans nodes")
         if cell.model.gpu_type and cell.model.gpu_type not in types:
             raise ConfigError(f"models[{cell.model.id}].gpu_type: no node has {cell.model.gpu_type!r}; "

@@ -90,7 +90,7 @@ class Scheduler:
         queue, attempts = list(todo), {cell.cell_id: 1 for cell in todo}
         homeless_since: dict[str, float] = {}
         packer = Packer(self.durations, prefer_warm=self.cluster.prefer_warm_nodes)
-        pool = SlotPool(packer.inventory, self.cluster.runtime_env or None)
+        pool = SlotPool(packer.inventory, self.cluster.runtime_env or None, self.cluster.slot_resource)
         running: dict[Any, _Running] = {}
         progress = self._progress()
         task = progress.add_task(label, total=len(todo), state="")

@@ -52,8 +52,10 @@ class GpuSlot:
     the actor, which is what PR_SET_PDEATHSIG watches)."""
 
     def where(self) -> dict[str, str | None]:
-        # Ray's assignment, not CUDA_VISIBLE_DEVICES: a cluster may tell Ray not to set it.
-        return {"node": node_id(), "gpu": ",".join(str(gpu) for gpu in ray.get_gpu_ids())}
+        # Ray's assignment, not CUDA_VISIBLE_DEVICES: a cluster may tell Ray not to set it. A CPU
+        # slot has no device id from Ray (None): the pool numbers its slots itself.
+        gpus = ray.get_gpu_ids()
+        return {"node": node_id(), "gpu": ",".join(str(gpu) for gpu in gpus) if gpus else None}
 
     def vigil(self) -> None:
         """Never returns: the driver waits on it to learn at once that an idle slot died."""
@@ -72,14 +74,16 @@ class Slot:
     vigil_ref: Any
     gpu: str | None = None  # known once Ray has placed the slot
     cell: str | None = None  # the cell it leads or holds a GPU for
+    number: str = "0"  # the pool's own id on its node (a CPU slot's device id)
 
 
-def gpu_nodes() -> list[tuple[str, int, frozenset[str]]]:
-    """(node id, GPUs, accelerator types) of every alive node with GPUs, in Ray's order."""
+def gpu_nodes(resource: str = "GPU") -> list[tuple[str, int, frozenset[str]]]:
+    """(node id, slots, accelerator types) of every alive node with slots of `resource` (GPUs, or
+    CPU slots), in Ray's order."""
     nodes = []
     for node in ray.nodes():
         resources = node.get("Resources", {})
-        gpus = int(resources.get("GPU", 0))
+        gpus = int(resources.get(resource, 0))
         if node.get("Alive") and gpus > 0:
             types = frozenset(key.split(":", 1)[1] for key in resources if key.startswith("accelerator_type:"))
             nodes.append((node["NodeID"], gpus, types))
@@ -90,9 +94,11 @@ class SlotPool:
     """Slots of one scheduling pass. `refs()` are what the driver waits on; `handle(ref)` takes
     one that is ready and returns the cell that lost its slot, if any."""
 
-    def __init__(self, inventory: Inventory, runtime_env: dict[str, Any] | None = None) -> None:
+    def __init__(self, inventory: Inventory, runtime_env: dict[str, Any] | None = None,
+                 resource: str = "GPU") -> None:
         self.inventory = inventory
         self.runtime_env = runtime_env
+        self.resource = resource
         self.slots: dict[Any, Slot] = {}  # where_ref and vigil_ref -> slot
         self.deaths: dict[str, int] = {}
         self.refreshed_at = 0.0
@@ -140,7 +146,7 @@ class SlotPool:
         slots = self.live()
         spare = sum(1 for s in slots if s.cell is None)
         remaining = sum(cell.gpus for cell in queue) - spare
-        nodes = gpu_nodes()
+        nodes = gpu_nodes(self.resource)
         for gone in set(self.inventory.nodes) - {node_id for node_id, _, _ in nodes}:
             self.inventory.remove_node(gone)
         for node_id, declared, types in nodes:
@@ -175,7 +181,7 @@ class SlotPool:
             return cell
         if ref is slot.where_ref:
             del self.slots[ref]
-            slot.gpu = str(where["gpu"])
+            slot.gpu = slot.number if where["gpu"] is None else str(where["gpu"])
             self.inventory.add_gpu(slot.node, slot.gpu)
         return None
 
@@ -187,8 +193,12 @@ class SlotPool:
         options: dict[str, Any] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env
+        if self.resource != "GPU":
+            options |= {"num_gpus": 0, "resources": {self.resource: 1}}
         actor = GpuSlot.options(**options).remote()
-        slot = Slot(actor, node_id, actor.where.remote(), actor.vigil.remote())
+        taken = {s.number for s in self.live() if s.node == node_id}
+        number = next(str(i) for i in range(len(taken) + 1) if str(i) not in taken)
+        slot = Slot(actor, node_id, actor.where.remote(), actor.vigil.remote(), number=number)
         self.slots[slot.where_ref] = self.slots[slot.vigil_ref] = slot
         self.inventory.ask_gpu(node_id, time.time())
 
