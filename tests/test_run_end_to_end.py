@@ -89,7 +89,8 @@ def test_small_simulated_run_in_process(ray_local, tmp_path):
 
 
 def test_sglang_engine_through_a_fake_sglang_package(ray_local, tmp_path):
-    """The real sglang path: exact argv, inherited env plus the model's, GPUs from Ray, mismatch."""
+    """The real sglang path: exact argv, inherited env plus the model's, GPUs from Ray; a mismatch
+    the plan-time check predicts is decided without starting a server."""
     record_dir = tmp_path / "record"
     record_dir.mkdir()
     env = {"PYTHONPATH": f"{FAKE_SGLANG}:{ROOT}", "REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
@@ -108,6 +109,11 @@ models:
     floor: 0.8
     trust_remote_code: true
     env: {json.dumps(env)}
+  - id: deepseek
+    path: deepseek-ai/DeepSeek-V2-Lite-Chat
+    tp: 2
+    floor: 0.5
+    env: {json.dumps(env)}
 axes:
   attention_backend: [triton, default]
   radix_cache: [on]
@@ -115,14 +121,19 @@ axes:
     result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking")
     run_dir = only_run(tmp_path / "results")
     cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
-    # Without --mamba-radix-cache-strategy extra_buffer this model quietly runs without the radix cache.
-    for cell in cells.values():
+    # Without --mamba-radix-cache-strategy extra_buffer this model quietly runs without the radix cache:
+    # sglang's own resolution says so at plan time, and no server is started for it.
+    for cell_id in ("kimi-linear.ab-triton.rc-on", "kimi-linear.ab-default.rc-on"):
+        cell = cells[cell_id]
         assert cell.status.value == "mismatch", cell.reason
-        assert "disable_radix_cache: requested False, resolved True" in cell.reason
-    assert cells["kimi-linear.ab-default.rc-on"].resolved["attention_backend"] == "fa3"  # what `default` resolved to
+        assert "disable_radix_cache: requested False, sglang resolves it to True (plan-time check; no server was " \
+               "started)" in cell.reason
+        assert cell.timings.startup_s == 0 and cell.node is None
+    assert cells["kimi-linear.ab-default.rc-on"].predicted["attention_backend"] == "fa3"  # what `default` resolves to
+    assert {c.status.value for c in cells.values() if c.model == "deepseek"} == {"pass"}
     assert result.exit_code == 1
     recorded = [json.loads(p.read_text()) for p in record_dir.glob("*.json")]
-    assert len(recorded) == 2
+    assert len(recorded) == 2  # the two DeepSeek cells; neither Kimi-Linear cell was launched
     for entry in recorded:
         cell = next(c for c in cells.values() if c.args[3:] == entry["argv"])
         assert entry["python"] == sys.executable and cell.args[:3] == [sys.executable, "-m", "sglang.launch_server"]

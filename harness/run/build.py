@@ -44,6 +44,8 @@ class RunInputs:
     data: Dataset
     plan: ProtocolPlan
     predicted: dict[str, dict] = field(default_factory=dict)  # cell id -> fields the sglang check predicts
+    # cell id -> what sglang resolves otherwise than the cell asks: `mismatch` without a server started
+    planned_mismatches: dict[str, list[str]] = field(default_factory=dict)
 
 
 def load_matrix(path: Path, selection: str | None) -> tuple[LoadedSuite, Matrix]:
@@ -110,4 +112,15 @@ def plan_check(inputs: RunInputs, warn: Callable[[str], None]) -> RunInputs:
     from harness.run.ray.cluster import sglang_check
 
     matrix, predicted = sglang_check(inputs.loaded, inputs.matrix, inputs.data.source, warn)
-    return replace(inputs, matrix=matrix, predicted={**inputs.predicted, **predicted})
+    planned = {cell.cell_id: problems for cell in matrix.cells
+               if (problems := predicted_mismatches(cell.expected, predicted.get(cell.cell_id, {})))}
+    return replace(inputs, matrix=matrix, predicted={**inputs.predicted, **predicted},
+                   planned_mismatches={**inputs.planned_mismatches, **planned})
+
+
+def predicted_mismatches(expected: dict, predicted: dict) -> list[str]:
+    """What the plan-time check says the server would resolve otherwise than the cell is labelled:
+    `attention_backend: requested 'intel_amx', sglang resolves it to 'torch_native'` (only fields
+    it predicted)."""
+    return [f"{key}: requested {wanted!r}, sglang resolves it to {predicted[key]!r} (plan-time check; no server "
+            "was started)" for key, wanted in expected.items() if key in predicted and predicted[key] != wanted]

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from harness.benchmark.base import ProtocolPlan
 from harness.benchmark.evaluator import EvalSettings
-from harness.engine.launch import cell_launch_spec
+from harness.engine.launch import cell_launch_spec, planned_argv
 from harness.gate.attribution import explain
 from harness.gate.budget import Budget
 from harness.gate.sequential import EarlyStop
@@ -185,8 +185,13 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     interrupted = False
     with stop_on_signals() as stop:
         schedule = _Schedule(inputs, gating, history, stop, options, console)
+        planned = inputs.planned_mismatches
+        for cell in inputs.matrix.cells:  # decided at plan time: no slot held, no server started
+            if cell.cell_id in planned and cell.cell_id not in gating.results():
+                gating.offer(cell, CellOutcome(cell_id=cell.cell_id, args=planned_argv(inputs.loaded, cell),
+                                               mismatches=planned[cell.cell_id]), "")
         try:
-            schedule.run([c for c in inputs.matrix.cells if c.cell_id not in gating.results()])
+            schedule.run([c for c in inputs.matrix.cells if c.cell_id not in gating.results() and c.cell_id not in planned])
             if gating.budget.extension_share:
                 extend(inputs, gating, schedule.run)
         except (KeyboardInterrupt, Interrupted):

@@ -1,0 +1,126 @@
+"""Real sglang 0.5.23 on this CPU, launched by `regress run` through Ray (`cluster.platform: cpu`):
+radix cache on and off and a tp-2 cell serve a tiny random-weight Llama built here; a backend that
+sglang silently replaces is `mismatch` at plan time with no server started; a scheduler that crashes
+is an `error` at once; nothing is left running, no stop logs a crash, no stand-in function runs.
+
+Needs the environment `make sglang-env` builds (part of `make test`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from harness.records import CellResult, Status
+from tests.helpers import ROOT, machine_s
+from tests.test_run_end_to_end import invoke, only_run
+
+SGLANG_PYTHON = ROOT / ".sglang-0.5.23" / "bin" / "python"
+MODEL_CACHE = ROOT / ".cache" / "tiny-llama"
+PLANTS = Path(__file__).resolve().parent / "plants"
+pytestmark = [pytest.mark.real_engine]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(_gsm8k_env: Path) -> Path:
+    assert SGLANG_PYTHON.exists(), "the pinned sglang is missing: `make sglang-env` installs it (make test does)"
+    subprocess.run([str(SGLANG_PYTHON), str(Path(__file__).with_name("tiny_model.py")), str(MODEL_CACHE),
+                    str(_gsm8k_env)], check=True, capture_output=True, timeout=machine_s(300))
+    return MODEL_CACHE
+
+
+def cpu_suite(tmp_path: Path, model: Path, models: str, axes: str, extra: str = "") -> Path:
+    path = tmp_path / "cpu.yaml"
+    path.write_text(f"""
+suite: real-cpu
+engine: sglang
+python: {SGLANG_PYTHON}
+cluster: {{platform: cpu, gpus: 2}}
+num_questions: 6
+max_tokens: 12
+concurrency: 3
+request_timeout_s: {machine_s(120):.0f}
+stop_grace_s: 20
+gate: {{extend_to: null}}
+models:
+{models.format(model=model, startup=f"{machine_s(300):.0f}", log=tmp_path / "stand-ins.log", plants=PLANTS)}
+axes:
+{axes}
+{extra}
+""")
+    return path
+
+
+def sglang_processes(model: Path) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if str(model) in line and "sglang" in line]
+
+
+def test_regress_run_serves_a_cpu_matrix_on_real_sglang(ray_local, tiny_model, tmp_path):
+    models = """  - id: tiny
+    path: {model}
+    floor: 0.0
+    startup_timeout_s: {startup}
+    env: {{REGRESS_STAND_IN_LOG: "{log}"}}
+  - id: tiny-tp2
+    path: {model}
+    tp: 2
+    floor: 0.0
+    startup_timeout_s: {startup}
+    env: {{REGRESS_STAND_IN_LOG: "{log}"}}"""
+    axes = "  attention_backend: [torch_native, intel_amx]\n  radix_cache: [on, off]"
+    extra = ("exclude:\n  - {model: tiny-tp2, radix_cache: off}\n  - {model: tiny-tp2, attention_backend: intel_amx}\n"
+             "baseline: {attention_backend: torch_native, radix_cache: on}")
+    results = tmp_path / "results"
+    result = invoke("run", str(cpu_suite(tmp_path, tiny_model, models, axes, extra)), "--results-dir", str(results),
+                    "--no-tracking")
+    run_dir = only_run(results)
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    served = {"tiny.ab-torch_native.rc-on", "tiny.ab-torch_native.rc-off", "tiny-tp2.ab-torch_native.rc-on"}
+    planned = {"tiny.ab-intel_amx.rc-on", "tiny.ab-intel_amx.rc-off"}
+    assert {c for c, r in cells.items() if r.status is not Status.SKIPPED} == served | planned  # the rest: excluded
+    for cell_id in served:  # three real servers: they answered every question, as labelled
+        cell = cells[cell_id]
+        assert cell.status is Status.PASS, cell.reason
+        assert cell.n == 6 and cell.server_version == "0.5.23" and cell.resolved["attention_backend"] == "torch_native"
+        assert cell.resolved["disable_radix_cache"] is cell_id.endswith("rc-off")
+        assert cell.resolved["tp_size"] == (2 if cell_id.startswith("tiny-tp2") else 1)
+        assert cell.args[cell.args.index("--device") + 1] == "cpu" and "--sleep-on-idle" in cell.args
+        log = Path(cell.log_path).read_text()
+        assert "crashed with exit code" not in log  # the launcher was stopped first, gracefully
+    for cell_id in planned:  # sglang runs intel_amx as torch_native without the AMX kernels: said at plan time
+        cell = cells[cell_id]
+        assert cell.status is Status.MISMATCH
+        assert "attention_backend: requested 'intel_amx', sglang resolves it to 'torch_native' (plan-time check" in cell.reason
+        assert cell.node is None and cell.timings.startup_s == 0 and cell.log_path is None
+    assert result.exit_code == 1, result.output
+    assert not (tmp_path / "stand-ins.log").exists()  # no stand-in function was ever called
+    assert sglang_processes(tiny_model) == []
+
+
+def test_a_scheduler_that_crashes_is_an_error_at_once(ray_local, tiny_model, tmp_path):
+    """A planted scheduler crash in the server's first batch (its warmup): the cell is `error`
+    within seconds of sglang logging it, not after the launcher's own ~60 s."""
+    models = """  - id: tiny
+    path: {model}
+    floor: 0.0
+    startup_timeout_s: {startup}
+    env: {{REGRESS_PLANT: scheduler_crash, PYTHONPATH: "{plants}"}}"""
+    results = tmp_path / "results"
+    result = invoke("run", str(cpu_suite(tmp_path, tiny_model, models, "  radix_cache: [on]")), "--results-dir",
+                    str(results), "--no-tracking")
+    run_dir = only_run(results)
+    (cell,) = map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())
+    assert cell.status is Status.ERROR and cell.error_kind.value == "server_exited"
+    assert cell.reason.startswith("server crashed during startup (its launcher was still running): "), cell.reason
+    assert "Scheduler hit an exception" in cell.reason.splitlines()[0]
+    log = Path(cell.log_path).read_text()
+    crash = next(line for line in log.splitlines() if "Scheduler hit an exception" in line)
+    crashed_at = datetime.strptime(crash[1:20], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    assert cell.timings.ended_at - crashed_at < 10, (crash, cell.timings)
+    assert result.exit_code == 3, result.output  # infrastructure, never "regressions found"
+    assert sglang_processes(tiny_model) == []
+    assert json.loads((run_dir / "run.json").read_text())["counts"] == {"error": 1}
