@@ -124,6 +124,7 @@ class QuestionRecord(Record):
     output_tokens: int
     attempts: int = 1
     error: str | None = None
+    cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not reported)
 
     @model_validator(mode="before")
     @classmethod

@@ -66,6 +66,11 @@ class _Answer:
     text: str
     finish_reason: str | None
     output_tokens: int
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache; None: not reported
+
+
+def _cached_tokens(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def request_body(plan: ProtocolPlan, prompt: Prompt, model_name: str) -> tuple[str, dict[str, Any]]:
@@ -90,13 +95,16 @@ def parse_answer(endpoint: str, payload: Any) -> _Answer:
             reason = meta.get("finish_reason")
             if isinstance(reason, dict):  # sglang: {"type": "stop", "matched": ...}
                 reason = reason.get("type")
-            return _Answer(str(payload["text"]), reason, int(meta.get("completion_tokens", 0)))
+            return _Answer(str(payload["text"]), reason, int(meta.get("completion_tokens", 0)),
+                           _cached_tokens(meta.get("cached_tokens")))
         choice = payload["choices"][0]
         text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
         if text is None:
             text = ""
-        tokens = int((payload.get("usage") or {}).get("completion_tokens", 0))
-        return _Answer(str(text), choice.get("finish_reason"), tokens)
+        usage = payload.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}  # sglang: with --enable-cache-report
+        return _Answer(str(text), choice.get("finish_reason"), int(usage.get("completion_tokens", 0)),
+                       _cached_tokens(details.get("cached_tokens") if isinstance(details, dict) else None))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
         raise _Retryable(f"malformed response ({type(error).__name__}: {error})") from None
 
@@ -178,7 +186,7 @@ async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalS
     return QuestionRecord(index=prompt.index, split=prompt.split, prompt_sha=prompt.sha, gold=prompt.gold, pred=grade.pred,
                           pred_strict=grade.pred_strict, correct=grade.correct, correct_strict=grade.correct_strict,
                           finish_reason=answer.finish_reason, output=answer.text, latency_s=latency,
-                          output_tokens=answer.output_tokens, attempts=attempt)
+                          output_tokens=answer.output_tokens, attempts=attempt, cached_tokens=answer.cached_tokens)
 
 
 class _Asking:

@@ -56,7 +56,9 @@ class LaunchSpec:
         model = self.cell.model
         argv = [default_python(self.python), "-m", self.engine.launch_module, "--model-path", model.path,
                 "--host", LOOPBACK, "--port", str(port), "--tp-size", str(model.tp),
-                "--random-seed", str(self.seed), "--nccl-port", str(nccl_port)]
+                "--random-seed", str(self.seed), "--nccl-port", str(nccl_port),
+                # the OpenAI routes then report the cached prompt tokens: the proof a radix cell used its cache
+                "--enable-cache-report"]
         if model.trust_remote_code:
             argv.append("--trust-remote-code")
         return argv + list(self.platform_flags) + list(self.cell.flags) + list(model.extra_args)

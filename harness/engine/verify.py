@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.records import QuestionRecord
 from harness.suite.axes import reported_flags, server_fields
 from harness.suite.matrix import expectations_from_flags
 
@@ -27,6 +28,25 @@ def predicted_fields() -> tuple[str, ...]:
     registry and the other reported flags, `harness.suite.axes.reported_flags`), and what sglang
     decides by itself."""
     return tuple(dict.fromkeys([*(field for field, _ in reported_flags().values()), *_DECIDED_BY_ENGINE]))
+
+
+def exercise_mismatches(expected: dict[str, Any], records: list[QuestionRecord]) -> list[str]:
+    """Whether the answers exercised the cell's radix-cache label: with the cache on, some question
+    must have reused a cached prefix; with it off, none may. Nothing is claimed when the server does
+    not report cached tokens, or fewer than two questions were answered."""
+    if "disable_radix_cache" not in expected:
+        return []
+    reported = [r.cached_tokens for r in records if r.error is None and r.cached_tokens is not None]
+    if len(reported) < 2:
+        return []
+    hits = sum(tokens > 0 for tokens in reported)
+    if expected["disable_radix_cache"] is False and hits == 0:
+        return [f"radix cache on, but none of {len(reported)} answered questions reused a cached prefix (0 cached "
+                "prompt tokens): the cell did not test its label (do its prompts share a prefix?)"]
+    if expected["disable_radix_cache"] is True and hits:
+        return [f"radix cache off, but {hits} of {len(reported)} answered questions were served cached prompt tokens "
+                f"({sum(reported)} in all)"]
+    return []
 
 
 def resolved_subset(info: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from harness.benchmark.base import ProtocolPlan
 from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.engine.launch import LaunchSpec
 from harness.engine.server import ServerProcess
-from harness.engine.verify import mismatches
+from harness.engine.verify import exercise_mismatches, mismatches
 from harness.errors import ErrorKind, ServerError
 from harness.gate.sequential import EarlyStop, Looks
 from harness.records import CellError, CellOutcome, QuestionRecord, ServerInfo, Timings
@@ -84,8 +84,9 @@ async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info
         evaluate(server.base_url, plan, job.settings, on_progress=watch.on_progress, should_stop=watch.should_stop),
         progress=lambda: watch.last_progress, stall_timeout_s=job.stall_timeout_s)
     timings["eval_s"] = score.eval_s
+    unexercised = exercise_mismatches(cell.expected, records)
     return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, score=score, questions=records,
-                       stopped_early=watch.stop_reason)
+                       stopped_early=watch.stop_reason, mismatches=unexercised)
 
 
 async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path, node: str) -> tuple[CellOutcome, str]:

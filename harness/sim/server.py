@@ -109,8 +109,9 @@ async def _faults_before_answer(state: SimState, number: int) -> web.Response | 
 
 
 async def _answer(state: SimState, prefix: str, question: str, stop: list[str], max_tokens: int,
-                  chat: bool, number: int = 0) -> tuple[str, str, int, int]:
-    """(text, finish_reason, prompt_tokens, completion_tokens) after the simulated service time."""
+                  chat: bool, number: int = 0) -> tuple[str, str, int, int, int]:
+    """(text, finish_reason, prompt_tokens, completion_tokens, cached prompt tokens) after the
+    simulated service time."""
     key = hashlib.sha1(prefix.encode()).hexdigest()
     prefix_hit = bool(prefix) and not state.resolved["disable_radix_cache"] and key in state.prefixes
     if not state.resolved["disable_radix_cache"] and prefix:
@@ -136,12 +137,14 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
             await asyncio.sleep(delay)
         state.busy_slot_s += time.perf_counter() - acquired
         del state.serving[number]
-    return text, reason, prompt_tokens, completion_tokens
+    return text, reason, prompt_tokens, completion_tokens, cached
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(state: SimState, prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+    """As sglang reports it: the cached prompt tokens only with --enable-cache-report (else null)."""
+    details = {"cached_tokens": cached} if state.resolved.get("enable_cache_report") else None
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details}
 
 
 def _stop_list(value: Any) -> list[str]:
@@ -215,10 +218,10 @@ class SimRoutes:
             return web.json_response({"error": "text is required"}, status=400)
         params = body.get("sampling_params") or {}
         prefix, question = split_prompt(body["text"])
-        text, reason, prompt_tokens, tokens = await _answer(
+        text, reason, prompt_tokens, tokens, cached = await _answer(
             self.state, prefix, question, _stop_list(params.get("stop")), int(params.get("max_new_tokens", 128)), False, number)
         return web.json_response({"text": text, "meta_info": {
-            "id": str(number), "prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+            "id": str(number), "prompt_tokens": prompt_tokens, "completion_tokens": tokens, "cached_tokens": cached,
             "finish_reason": {"type": reason}}})
 
     async def completions(self, request: web.Request) -> web.Response:
@@ -228,12 +231,12 @@ class SimRoutes:
         if not isinstance(body.get("prompt"), str):
             return web.json_response({"error": {"message": "prompt must be a string"}}, status=400)
         prefix, question = split_prompt(body["prompt"])
-        text, reason, prompt_tokens, tokens = await _answer(
+        text, reason, prompt_tokens, tokens, cached = await _answer(
             self.state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 16), False, number)
         return web.json_response({
             "id": f"cmpl-{number}", "object": "text_completion", "model": body.get("model"),
             "choices": [{"index": 0, "text": text, "finish_reason": reason}],
-            "usage": _usage(prompt_tokens, tokens)})
+            "usage": _usage(self.state, prompt_tokens, tokens, cached)})
 
     async def chat(self, request: web.Request) -> web.Response:
         body, number, failure = await self.accept(request)
@@ -243,12 +246,12 @@ class SimRoutes:
         if not isinstance(messages, list) or not messages:
             return web.json_response({"error": {"message": "messages must be a non-empty list"}}, status=400)
         prefix, question = split_messages(messages)
-        text, reason, prompt_tokens, tokens = await _answer(
+        text, reason, prompt_tokens, tokens, cached = await _answer(
             self.state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True, number)
         return web.json_response({
             "id": f"chatcmpl-{number}", "object": "chat.completion", "model": body.get("model"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
-            "usage": _usage(prompt_tokens, tokens)})
+            "usage": _usage(self.state, prompt_tokens, tokens, cached)})
 
 
 def build_app(state: SimState) -> web.Application:

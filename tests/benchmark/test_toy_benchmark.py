@@ -82,3 +82,33 @@ axes:
     assert sorted(c.data.tags["cell_id"] for c in children) == ["deepseek.ab-fa3", "deepseek.ab-triton"]
     assert all(c.data.metrics["n"] == 12 for c in children)
     assert result.exit_code in (0, 3), result.output  # nothing regressed; no score can confirm a pass either
+
+
+def test_a_radix_cell_whose_prompts_share_no_prefix_did_not_test_its_label(ray_local, tmp_path):
+    """The toy prompts share no few-shot prefix, so no answer reuses the prefix cache: a radix-on
+    cell then tested nothing of its label (`mismatch`, with the counts); a radix-off cell is fine."""
+    suite = tmp_path / "sums.yaml"
+    suite.write_text(f"""
+suite: sums-radix
+engine: sim
+sim_world: {INCIDENT_WORLD}
+benchmark: sums
+protocol: plain
+num_questions: 12
+concurrency: 4
+stop_grace_s: 2
+models:
+  - {{id: deepseek, path: deepseek-ai/DeepSeek-V2-Lite-Chat, tp: 1, floor: 0.0, startup_timeout_s: 120}}
+axes:
+  radix_cache: [on, off]
+""")
+    results = tmp_path / "results"
+    with BENCHMARKS.registered("sums", SumsBenchmark()):
+        result = invoke("run", str(suite), "--results-dir", str(results), "--no-tracking")
+    run_dir = only_run(results)
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    on = cells["deepseek.rc-on"]
+    assert on.status.value == "mismatch"
+    assert "radix cache on, but none of 12 answered questions reused a cached prefix" in on.reason
+    assert cells["deepseek.rc-off"].status.value != "mismatch", cells["deepseek.rc-off"].reason
+    assert result.exit_code == 1

@@ -55,7 +55,7 @@ def test_exact_argv_for_every_nightly_cell(cell):
     argv = spec(cell).argv(port=31000, nccl_port=31001)
     assert argv == ["/opt/venv/bin/python", "-m", "sglang.launch_server", "--model-path", model.path,
                     "--host", "127.0.0.1", "--port", "31000", "--tp-size", str(model.tp), "--random-seed", "0",
-                    "--nccl-port", "31001", "--trust-remote-code", *expected_flags(cell.factors), *model.extra_args]
+                    "--nccl-port", "31001", "--enable-cache-report", "--trust-remote-code", *expected_flags(cell.factors), *model.extra_args]
     # The simulator (and so the fake sglang package) accepts exactly this command line.
     parsed = build_parser().parse_args(argv[3:])
     assert parsed.tp_size == model.tp and parsed.random_seed == 0
@@ -79,3 +79,22 @@ def test_environment_is_suite_then_model_and_python_defaults_to_the_driver():
     from harness.engine.launch import default_python
 
     assert default_python(None) == sys.executable and default_python("/x/python") == "/x/python"
+
+
+def test_a_radix_label_is_exercised_or_the_cell_says_it_was_not():
+    from harness.engine.verify import exercise_mismatches
+    from tests.records import answers
+
+    def served(cached: list[int | None]):
+        return [r.model_copy(update={"cached_tokens": c}) for r, c in zip(answers([True] * len(cached)), cached)]
+
+    on, off = {"disable_radix_cache": False}, {"disable_radix_cache": True}
+    assert exercise_mismatches(on, served([0, 812, 812])) == []
+    assert exercise_mismatches(on, served([0, 0, 0])) == [
+        "radix cache on, but none of 3 answered questions reused a cached prefix (0 cached prompt tokens): the cell "
+        "did not test its label (do its prompts share a prefix?)"]
+    assert exercise_mismatches(off, served([0, 0])) == []
+    assert exercise_mismatches(off, served([0, 812])) == [
+        "radix cache off, but 1 of 2 answered questions were served cached prompt tokens (812 in all)"]
+    assert exercise_mismatches(on, served([None, None, None])) == []  # not reported: nothing claimed
+    assert exercise_mismatches({}, served([0, 0])) == []  # no radix label

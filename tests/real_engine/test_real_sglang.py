@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import CellResult, Status
+from harness.records import CellResult, QuestionRecord, Status
 from tests.helpers import ROOT, machine_s
 from tests.test_run_end_to_end import invoke, only_run
 
@@ -91,6 +91,14 @@ def test_regress_run_serves_a_cpu_matrix_on_real_sglang(ray_local, tiny_model, t
         assert cell.args[cell.args.index("--device") + 1] == "cpu" and "--sleep-on-idle" in cell.args
         log = Path(cell.log_path).read_text()
         assert "crashed with exit code" not in log  # the launcher was stopped first, gracefully
+        questions = [QuestionRecord.model_validate_json(line)
+                     for line in (run_dir / "questions" / f"{cell_id}.jsonl").read_text().splitlines()]
+        cached = [q.cached_tokens for q in questions]
+        assert None not in cached  # sglang reported them (--enable-cache-report)
+        if cell_id.endswith("rc-on"):  # the few-shot prefix was served from the radix cache
+            assert sum(tokens > 0 for tokens in cached) >= 1, cached
+        else:
+            assert set(cached) == {0}, cached
     for cell_id in planned:  # sglang runs intel_amx as torch_native without the AMX kernels: said at plan time
         cell = cells[cell_id]
         assert cell.status is Status.MISMATCH
