@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED_GSM8K := $(abspath ../shared/data/gsm8k)
 export REGRESS_GSM8K_PATH ?= $(if $(wildcard $(SHARED_GSM8K)/test.jsonl),$(SHARED_GSM8K),)
 
-.PHONY: venv browser demo mlflow-ui sglang-env test test-fast lint clean
+.PHONY: venv browser demo mlflow-ui sglang-env cpu-model test test-fast lint clean
 
 venv: $(VENV)/.installed
 
@@ -39,6 +39,10 @@ $(SGLANG_ENV)/.installed: configs/sglang-check/requirements.txt configs/sglang-c
 	$(SGLANG_ENV)/bin/pip install -q --no-deps -r configs/sglang-check/requirements.txt -r configs/sglang-cpu/requirements.txt
 	printf '%s\nimport regress_stand_ins\n' "$(abspath configs/sglang-cpu/stand_ins)" > $(SGLANG_SITE)/regress_stand_ins.pth
 	touch $@
+
+# The tiny random-weight Llama configs/cpu.yaml serves (built here from GSM8K's train split; no download).
+cpu-model: sglang-env
+	$(SGLANG_ENV)/bin/python tests/real_engine/tiny_model.py .cache/tiny-llama $(REGRESS_GSM8K_PATH)
 
 # The dashboard's browser test needs Debian's chromium; install it when missing (CI runs as root).
 browser:
