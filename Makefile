@@ -29,7 +29,7 @@ mlflow-ui: venv
 # Real sglang 0.5.23, CPU-only: `regress check` (its parser and resolution) and serving on a CPU
 # (sglang's CPU backend; configs/cpu.yaml, the real-engine tests). Pinned, --no-deps (its declared
 # dependencies pull CUDA torch and the nvidia packages); the stand-ins for torchvision and sgl_kernel
-# load from a .pth file. ~3 min and ~2.7 GB the first time.
+# (harness/engine/stand_ins.py) load from a .pth file at interpreter start. ~3 min and ~2.7 GB the first time.
 SGLANG_ENV ?= .sglang-0.5.23
 SGLANG_SITE = $(SGLANG_ENV)/lib/python$(shell python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')/site-packages
 sglang-env: $(SGLANG_ENV)/.installed
@@ -37,7 +37,7 @@ sglang-env: $(SGLANG_ENV)/.installed
 $(SGLANG_ENV)/.installed: configs/sglang-check/requirements.txt configs/sglang-cpu/requirements.txt
 	python3 -m venv $(SGLANG_ENV)
 	$(SGLANG_ENV)/bin/pip install -q --no-deps -r configs/sglang-check/requirements.txt -r configs/sglang-cpu/requirements.txt
-	printf '%s\nimport regress_stand_ins\n' "$(abspath configs/sglang-cpu/stand_ins)" > $(SGLANG_SITE)/regress_stand_ins.pth
+	printf '%s\nimport harness.engine.stand_ins as stand_ins; stand_ins.for_servers()\n' "$(abspath .)" > $(SGLANG_SITE)/regress_stand_ins.pth
 	touch $@
 
 # The tiny random-weight Llama configs/cpu.yaml serves (built here from GSM8K's train split; no download).

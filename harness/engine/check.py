@@ -55,7 +55,9 @@ def check_cells(python: str, loaded: LoadedSuite, cells: list[Cell], models_dir:
                                          os.environ.get("PYTHONPATH")]))
     try:
         completed = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True,
-                                   timeout=CHECK_TIMEOUT_S, env={**os.environ, **(env or {}), "PYTHONPATH": path})
+                                   timeout=CHECK_TIMEOUT_S, env={**os.environ, **(env or {}), "PYTHONPATH": path,
+                                                                 # the check's own stand-ins, not a server's
+                                                                 "REGRESS_STAND_INS": "0"})
     except (OSError, subprocess.TimeoutExpired) as error:
         raise InfraError(f"the sglang check could not run with {python}: {error}") from None
     if completed.returncode != 0:

@@ -4,7 +4,8 @@ GPU: the plan-time oracle for "would this sglang start this cell at all, and wit
 `python -m harness.engine.sglang_check` reads a JSON list of `{"cell_id", "argv"}` on stdin (argv as
 `regress plan --json` lists it: `<python> -m sglang.launch_server --model-path ...`) and writes a JSON
 list of `CheckedCell` on stdout. It is meant to run under the interpreter that will run the servers
-(a worker's, or `regress check --python`), so it imports nothing of the harness beyond this module.
+(a worker's, or `regress check --python`), so it imports nothing of the harness beyond this module and
+`harness.engine.stand_ins`.
 
 What it does, per sglang release:
 - argparse (`prepare_server_args`): every release. An unknown flag or an invalid choice is a refusal,
@@ -23,90 +24,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.abc
-import importlib.machinery
 import io
 import json
 import multiprocessing
 import os
 import sys
-import tempfile
 import types
 from pathlib import Path
 
-STAND_INS = ("triton", "sgl_kernel", "torchvision")
+from harness.engine.stand_ins import CHECK_STAND_INS, install
+
 GPUS = {"H200": ((9, 0), 143), "H100": ((9, 0), 80), "B200": ((10, 0), 180), "A100": ((8, 0), 80)}
 
 
-class _StandInType(type):
-    def __getattr__(cls, name: str) -> object:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _StandIn(f"{cls.__name__}.{name}")
-
-
-class _StandIn(types.ModuleType):
-    """A module (or attribute) that is anything asked of it: a decorator, a base class, a value."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.__path__: list[str] = []
-        self.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-
-    def __getattr__(self, name: str) -> object:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value: object = (_StandInType(name, (), {"__init__": lambda self, *a, **k: None}) if name[:1].isupper()
-                         else _StandIn(f"{self.__name__}.{name}"))
-        setattr(self, name, value)
-        return value
-
-    def __call__(self, *args: object, **kwargs: object) -> object:
-        if len(args) == 1 and callable(args[0]) and not kwargs:
-            return args[0]  # @decorator
-        return lambda function: function  # @decorator(...)
-
-    def __hash__(self) -> int:
-        return hash(self.__name__)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-
-class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, roots: set[str]) -> None:
-        self.roots = roots
-
-    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] in self.roots else None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = _StandIn(spec.name)
-        if spec.name == "triton":
-            module.__version__ = "3.4.0"  # torch reads it when it sees a triton
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
-
 def install_stand_ins() -> list[str]:
-    """Stand in for the CUDA-only native modules this machine lacks, wholly (a finder ahead of the
-    others) or in part (an importable build without its CUDA submodules, `sgl_kernel.quantization`
-    say: a finder after the others, asked only for what no real file provides); which ones."""
-    import importlib.util
-
-    missing = {name for name in STAND_INS if importlib.util.find_spec(name) is None}
-    sys.meta_path.append(_StandInFinder(set(STAND_INS) - missing))
-    if not missing:
-        return []
-    sys.meta_path.insert(0, _StandInFinder(missing))
-    if "torchvision" in missing:  # transformers asks for its version through package metadata
-        folder = Path(tempfile.mkdtemp(prefix="regress-stand-ins-")) / "torchvision-0.28.0.dist-info"
-        folder.mkdir()
-        (folder / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n")
-        sys.path.insert(0, str(folder.parent))
-    return sorted(missing)
+    """Stand in for the CUDA-only native modules this machine lacks, wholly or in part
+    (`harness.engine.stand_ins`); which ones were missing whole."""
+    return install(CHECK_STAND_INS, calls_allowed=True)
 
 
 def describe_gpu(kind: str, count: int) -> None:

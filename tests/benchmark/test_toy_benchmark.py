@@ -47,10 +47,11 @@ class SumsBenchmark(Benchmark):
                                           data.sha256, "", grader=grade_last_word, benchmark="sums"))
 
 
-def test_a_toy_benchmark_runs_through_regress_run_into_mlflow(ray_local, tmp_path):
+def sums_suite(tmp_path: Path, name: str, axes: str) -> Path:
+    """A simulated suite of one model that asks the toy benchmark's 12 questions."""
     suite = tmp_path / "sums.yaml"
     suite.write_text(f"""
-suite: sums
+suite: {name}
 engine: sim
 sim_world: {INCIDENT_WORLD}
 benchmark: sums
@@ -61,8 +62,13 @@ stop_grace_s: 2
 models:
   - {{id: deepseek, path: deepseek-ai/DeepSeek-V2-Lite-Chat, tp: 1, floor: 0.0, startup_timeout_s: 120}}
 axes:
-  attention_backend: [triton, fa3]
+  {axes}
 """)
+    return suite
+
+
+def test_a_toy_benchmark_runs_through_regress_run_into_mlflow(ray_local, tmp_path):
+    suite = sums_suite(tmp_path, "sums", "attention_backend: [triton, fa3]")
     results = tmp_path / "results"
     with BENCHMARKS.registered("sums", SumsBenchmark()):
         result = invoke("run", str(suite), "--results-dir", str(results))
@@ -87,21 +93,7 @@ axes:
 def test_a_radix_cell_whose_prompts_share_no_prefix_did_not_test_its_label(ray_local, tmp_path):
     """The toy prompts share no few-shot prefix, so no answer reuses the prefix cache: a radix-on
     cell then tested nothing of its label (`mismatch`, with the counts); a radix-off cell is fine."""
-    suite = tmp_path / "sums.yaml"
-    suite.write_text(f"""
-suite: sums-radix
-engine: sim
-sim_world: {INCIDENT_WORLD}
-benchmark: sums
-protocol: plain
-num_questions: 12
-concurrency: 4
-stop_grace_s: 2
-models:
-  - {{id: deepseek, path: deepseek-ai/DeepSeek-V2-Lite-Chat, tp: 1, floor: 0.0, startup_timeout_s: 120}}
-axes:
-  radix_cache: [on, off]
-""")
+    suite = sums_suite(tmp_path, "sums-radix", "radix_cache: [on, off]")
     results = tmp_path / "results"
     with BENCHMARKS.registered("sums", SumsBenchmark()):
         result = invoke("run", str(suite), "--results-dir", str(results), "--no-tracking")

@@ -86,7 +86,7 @@ def test_a_radix_label_is_exercised_or_the_cell_says_it_was_not():
     from tests.records import answers
 
     def served(cached: list[int | None]):
-        return [r.model_copy(update={"cached_tokens": c}) for r, c in zip(answers([True] * len(cached)), cached)]
+        return [r.model_copy(update={"cached_tokens": c}) for r, c in zip(answers([True] * len(cached)), cached, strict=True)]
 
     on, off = {"disable_radix_cache": False}, {"disable_radix_cache": True}
     assert exercise_mismatches(on, served([0, 812, 812])) == []
@@ -98,3 +98,27 @@ def test_a_radix_label_is_exercised_or_the_cell_says_it_was_not():
         "radix cache off, but 1 of 2 answered questions were served cached prompt tokens (812 in all)"]
     assert exercise_mismatches(on, served([None, None, None])) == []  # not reported: nothing claimed
     assert exercise_mismatches({}, served([0, 0])) == []  # no radix label
+
+
+def test_the_check_stands_in_for_the_missing_submodules_of_an_importable_cuda_package(tmp_path):
+    """An importable `sgl_kernel` without its CUDA submodules (a CPU build) broke a resolution that
+    describes a GPU (`No module named 'sgl_kernel.quantization'`): the check stands in for what no
+    file provides, and leaves what the package has alone."""
+    import subprocess
+
+    from tests.helpers import ROOT
+
+    package = tmp_path / "sgl_kernel"
+    package.mkdir()
+    (package / "__init__.py").write_text("REAL = True\n")
+    (package / "present.py").write_text("VALUE = 7\n")
+    probe = ("from harness.engine.sglang_check import install_stand_ins\n"
+             "print(install_stand_ins())\n"
+             "import sgl_kernel, sgl_kernel.present\n"
+             "from sgl_kernel.quantization import fp8_quant\n"
+             "print(sgl_kernel.REAL, sgl_kernel.present.VALUE, type(sgl_kernel.quantization).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
+                         env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    wholly_missing, partial = out.stdout.strip().splitlines()
+    assert "sgl_kernel" not in wholly_missing  # importable: not stood in for as a whole
+    assert partial == "True 7 _StandIn"

@@ -89,6 +89,10 @@ def test_regress_run_serves_a_cpu_matrix_on_real_sglang(ray_local, tiny_model, t
         assert cell.resolved["disable_radix_cache"] is cell_id.endswith("rc-off")
         assert cell.resolved["tp_size"] == (2 if cell_id.startswith("tiny-tp2") else 1)
         assert cell.args[cell.args.index("--device") + 1] == "cpu" and "--sleep-on-idle" in cell.args
+        # The plan-time check described the CPU platform, so it predicted what the server resolved
+        # (described as an H200 it said chunked_prefill_size 8192; a CPU server resolves 4096).
+        assert cell.predicted["chunked_prefill_size"] == cell.resolved["chunked_prefill_size"] == 4096
+        assert "the sglang check predicted" not in cell.reason
         log = Path(cell.log_path).read_text()
         assert "crashed with exit code" not in log  # the launcher was stopped first, gracefully
         questions = [QuestionRecord.model_validate_json(line)
