@@ -306,7 +306,7 @@ def test_undecided_cells_are_extended_with_unasked_test_then_train_questions_and
 
 def test_a_cell_no_node_can_hold_waits_then_says_why_and_the_rest_run(ray_local, tmp_path, monkeypatch):
     """Nodes that left (or never joined): the cell is `error` after cluster.wait_for_nodes_s."""
-    monkeypatch.setattr("harness.run.ray.cluster.check_fits", lambda matrix: None)  # as if a node left later
+    monkeypatch.setattr("harness.run.ray.cluster.check_fits", lambda matrix, resource="GPU": None)  # as if a node left later
     suite = tmp_path / "wide.yaml"
     suite.write_text(f"""
 suite: wide
