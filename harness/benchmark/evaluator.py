@@ -1,4 +1,4 @@
-"""The async GSM8K evaluator: asks every prompt of a plan against one server and scores it.
+"""The async evaluator: asks every prompt of a benchmark plan against one server and grades it with the plan.
 
 Transport failures are never scores. Timeouts, connection errors, 5xx, 429 and malformed 200
 responses are retried with exponential backoff (honouring Retry-After); a question that still fails

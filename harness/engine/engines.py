@@ -101,7 +101,6 @@ class SimEngine(Engine):
 
     launch_module = "harness.sim"
     backends_probe = _SIM_BACKENDS_PROBE
-    crash_markers = SglangEngine.crash_markers  # it logs sglang's words for a crashed scheduler (a world's fault)
 
     def validate(self, loaded: LoadedSuite) -> None:
         from harness.sim.world import load_world

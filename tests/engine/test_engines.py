@@ -64,8 +64,7 @@ def test_a_toy_engine_is_one_class_and_one_registration(tmp_path):
     with ENGINES.registered("toy", HealthOnlyEngine()):
         loaded, matrix = load_matrix(write_suite(tmp_path, "toy"), None)
         spec = cell_launch_spec(loaded, matrix.cells[0], python=sys.executable)
-    assert spec.engine == EngineRoutes("toy", "harness.sim", "/health", ("/get_server_info",),
-                                       SimEngine.crash_markers)
+    assert spec.engine == EngineRoutes("toy", "harness.sim", "/health", ("/get_server_info",), ())
     assert spec.env["REGRESS_SIM_WORLD"] == str(INCIDENT_WORLD)  # the simulator's environment, inherited
     argv = spec.argv(30000, 30001)
     assert argv[:3] == [sys.executable, "-m", "harness.sim"] and argv[argv.index("--attention-backend") + 1] == "triton"
