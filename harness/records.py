@@ -106,6 +106,19 @@ TEST_SPLIT = "test"
 _LEGACY_TRAIN_OFFSET = 100_000
 
 
+class TeacherForced(Record):
+    """A question's teacher-forced pass: the server read the prompt plus a fixed continuation (the
+    benchmark's reference solution) and returned, without decoding, each continuation token's
+    log-probability and its own top-1 token there (harness.gate.divergence compares two servers')."""
+
+    start: int = 0  # prompt tokens: the continuation's first token is at this position
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    top_ids: list[int] = []
+    cached_tokens: int | None = None  # of this request's prompt, from the prefix cache
+    error: str | None = None  # the request failed (never a score: the question is left out of the test)
+
+
 class QuestionRecord(Record):
     """One question as asked and answered. `error` set means an infrastructure failure, not a score.
     `(split, index)` is the question's identity in its benchmark's data; the floor counts `test` only."""
@@ -125,6 +138,7 @@ class QuestionRecord(Record):
     attempts: int = 1
     error: str | None = None
     cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not reported)
+    teacher: TeacherForced | None = None  # None: not asked (the protocol has no teacher text, or it is off)
 
     @model_validator(mode="before")
     @classmethod
@@ -224,6 +238,15 @@ class Verdict(Record):
     agreement: float | None = None
     history_p: float | None = None
     pinned_p: float | None = None  # against the suite's pinned run (gate.pinned_run)
+    # Teacher-forced divergence from the reference cell (harness.gate.divergence): p of "more
+    # questions beyond the tolerance than a healthy cell has", the share beyond it, the mean
+    # |delta log-probability| per token (nats) and the share of positions whose top-1 differs.
+    divergence_p: float | None = None
+    divergence_share: float | None = None
+    divergence_nats: float | None = None
+    divergence_top1: float | None = None
+    divergence_high: float | None = None  # the 95th percentile of its questions' divergences (regress calibrate)
+    divergence_n: int = 0
     error_kind: ErrorKind | None = None  # set when status is `error`
 
 

@@ -25,13 +25,17 @@ TEST_SPLIT = "test"
 
 @dataclass(frozen=True)
 class Prompt:
-    """One question as it will be sent. `(split, index)` is the question's identity in its dataset."""
+    """One question as it will be sent. `(split, index)` is the question's identity in its dataset.
+    `teacher`: a fixed continuation of `text` (GSM8K: the question's reference solution, in the
+    shots' format) that every cell scores teacher-forced, so two servers' log-probabilities can be
+    compared token by token on the same input; None: the protocol has none (chat)."""
 
     index: int
     gold: str
     text: str | None = None
     messages: tuple[tuple[str, str], ...] | None = None
     split: str = TEST_SPLIT
+    teacher: str | None = None
 
     @property
     def sha(self) -> str:

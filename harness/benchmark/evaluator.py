@@ -7,6 +7,13 @@ says what the server answered. The gate turns a high share of such failures into
 
 One aiohttp session with a pooled connector and `concurrency` worker coroutines keep the server
 busy at about 0.2 ms of client CPU per request (the openai SDK costs ~1.5 ms, see FACTS.md).
+
+After a question is answered, and when its prompt has a teacher text, a second request scores that
+text teacher-forced (sglang's `/generate`: `return_logprob`, `logprob_start_len` one before the
+continuation, `top_logprobs_num` 1, no new token): prefill only. It starts one token before the
+continuation because sglang caps a request's prefix-cache match at its `logprob_start_len` and does
+not compute the first position's log-probability; so the prompt is still served from the prefix
+cache, as the answer's was, and every continuation token gets its log-probability.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import aiohttp
 
 from harness.benchmark.base import Prompt, ProtocolPlan
 from harness.benchmark.scoring import score
-from harness.records import QuestionRecord, Score
+from harness.records import QuestionRecord, Score, TeacherForced
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
@@ -40,6 +47,7 @@ class EvalSettings:
     # its auth or quirks). `/generate` always goes through aiohttp: it is not an OpenAI route.
     client: str = "aiohttp"
     api_key: str | None = None
+    teacher_forcing: bool = True  # score each prompt's teacher text (gate.divergence needs it)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class _Answer:
     finish_reason: str | None
     output_tokens: int
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache; None: not reported
+    prompt_tokens: int | None = None
 
 
 def _cached_tokens(value: Any) -> int | None:
@@ -96,7 +105,7 @@ def parse_answer(endpoint: str, payload: Any) -> _Answer:
             if isinstance(reason, dict):  # sglang: {"type": "stop", "matched": ...}
                 reason = reason.get("type")
             return _Answer(str(payload["text"]), reason, int(meta.get("completion_tokens", 0)),
-                           _cached_tokens(meta.get("cached_tokens")))
+                           _cached_tokens(meta.get("cached_tokens")), _cached_tokens(meta.get("prompt_tokens")))
         choice = payload["choices"][0]
         text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
         if text is None:
@@ -104,9 +113,36 @@ def parse_answer(endpoint: str, payload: Any) -> _Answer:
         usage = payload.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}  # sglang: with --enable-cache-report
         return _Answer(str(text), choice.get("finish_reason"), int(usage.get("completion_tokens", 0)),
-                       _cached_tokens(details.get("cached_tokens") if isinstance(details, dict) else None))
+                       _cached_tokens(details.get("cached_tokens") if isinstance(details, dict) else None),
+                       _cached_tokens(usage.get("prompt_tokens")))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
         raise _Retryable(f"malformed response ({type(error).__name__}: {error})") from None
+
+
+TEACHER = "teacher"  # the teacher-forced request's "endpoint": sglang's /generate, parsed by parse_teacher
+
+
+def teacher_body(prompt: Prompt, prompt_tokens: int) -> dict[str, Any]:
+    """The teacher-forced request of one answered question (see the module docstring)."""
+    return {"text": (prompt.text or "") + (prompt.teacher or ""),
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            "return_logprob": True, "logprob_start_len": prompt_tokens - 1, "top_logprobs_num": 1}
+
+
+def parse_teacher(payload: Any) -> TeacherForced:
+    """The continuation's tokens, log-probabilities and top-1 tokens; the first entry (the prompt's
+    last token, which sglang returns without a log-probability) is dropped. Malformed: _Retryable."""
+    try:
+        meta = payload["meta_info"]
+        entries, tops = meta["input_token_logprobs"][1:], meta["input_top_logprobs"][1:]
+        if len(entries) != len(tops) or any(entry[0] is None for entry in entries):
+            raise ValueError("log-probabilities missing")
+        prompt_tokens = int(meta["prompt_tokens"]) - len(entries)
+        return TeacherForced(start=prompt_tokens, token_ids=[int(e[1]) for e in entries],
+                             logprobs=[float(e[0]) for e in entries], top_ids=[int(t[0][1]) for t in tops],
+                             cached_tokens=_cached_tokens(meta.get("cached_tokens")))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        raise _Retryable(f"malformed teacher-forced response ({type(error).__name__}: {error})") from None
 
 
 async def _ask_once(session: aiohttp.ClientSession, base_url: str, route: str, body: dict[str, Any],
@@ -127,10 +163,10 @@ async def _ask_once(session: aiohttp.ClientSession, base_url: str, route: str, b
                 raise _Retryable("malformed response (body is not JSON)") from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
         raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": ")) from None
-    return parse_answer(endpoint, payload)
+    return parse_teacher(payload) if endpoint == TEACHER else parse_answer(endpoint, payload)
 
 
-Sender = Callable[[str, dict[str, Any], str], Awaitable[_Answer]]
+Sender = Callable[[str, dict[str, Any], str], Awaitable[Any]]
 
 
 def _openai_sender(client: Any) -> Sender:
@@ -155,22 +191,27 @@ def _openai_sender(client: Any) -> Sender:
     return send
 
 
-async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalSettings) -> QuestionRecord:
-    route, body = request_body(plan, prompt, settings.model_name)
+@dataclass(frozen=True)
+class _Attempted:
+    result: Any  # what the sender parsed; None when every attempt failed
+    error: str | None
+    attempts: int
+    latency_s: float  # of the last attempt: retries and their backoff are counted in `attempts`
+
+
+async def _with_retries(send: Sender, route: str, body: dict[str, Any], endpoint: str,
+                        settings: EvalSettings) -> _Attempted:
+    """One request, retried with exponential backoff (honouring Retry-After) while retrying can help."""
     error: str | None = None
-    answer: _Answer | None = None
     attempt = 0
-    latency = 0.0  # of the last attempt: retries and their backoff are counted in `attempts`, not here
+    latency = 0.0
     for attempt in range(1, settings.max_attempts + 1):
         started = time.perf_counter()
         try:
-            answer = await send(route, body, plan.endpoint)
-            latency = time.perf_counter() - started
-            break
+            result = await send(route, body, endpoint)
+            return _Attempted(result, None, attempt, time.perf_counter() - started)
         except _Final as final:
-            latency = time.perf_counter() - started
-            error = str(final)
-            break
+            return _Attempted(None, str(final), attempt, time.perf_counter() - started)
         except _Retryable as retryable:
             latency = time.perf_counter() - started
             error = f"{retryable} (after {attempt} attempt{'s' * (attempt > 1)})"
@@ -178,15 +219,35 @@ async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalS
                 break
             backoff = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** (attempt - 1))
             await asyncio.sleep(min(settings.backoff_max_s, retryable.retry_after_s or backoff))
+    return _Attempted(None, error, attempt, latency)
+
+
+async def _teacher_forced(send: Sender, prompt: Prompt, answer: _Answer, settings: EvalSettings) -> TeacherForced | None:
+    """The question's teacher text scored teacher-forced on `/generate`; None when it has none."""
+    if not settings.teacher_forcing or prompt.teacher is None or prompt.text is None:
+        return None
+    if not answer.prompt_tokens:
+        return TeacherForced(error="the server reported no prompt_tokens for the answer")
+    attempted = await _with_retries(send, "/generate", teacher_body(prompt, answer.prompt_tokens), TEACHER, settings)
+    return attempted.result if attempted.result is not None else TeacherForced(error=attempted.error)
+
+
+async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalSettings,
+               teacher_send: Sender | None = None) -> QuestionRecord:
+    route, body = request_body(plan, prompt, settings.model_name)
+    attempted = await _with_retries(send, route, body, plan.endpoint, settings)
+    answer: _Answer | None = attempted.result
     if answer is None:
         return QuestionRecord(index=prompt.index, split=prompt.split, prompt_sha=prompt.sha, gold=prompt.gold, pred=None,
-                              correct=False, finish_reason=None, output="", latency_s=latency,
-                              output_tokens=0, attempts=attempt, error=error)
+                              correct=False, finish_reason=None, output="", latency_s=attempted.latency_s,
+                              output_tokens=0, attempts=attempted.attempts, error=attempted.error)
     grade = plan.grade(answer.text, prompt.gold)
+    teacher = await _teacher_forced(teacher_send or send, prompt, answer, settings)
     return QuestionRecord(index=prompt.index, split=prompt.split, prompt_sha=prompt.sha, gold=prompt.gold, pred=grade.pred,
                           pred_strict=grade.pred_strict, correct=grade.correct, correct_strict=grade.correct_strict,
-                          finish_reason=answer.finish_reason, output=answer.text, latency_s=latency,
-                          output_tokens=answer.output_tokens, attempts=attempt, cached_tokens=answer.cached_tokens)
+                          finish_reason=answer.finish_reason, output=answer.text, latency_s=attempted.latency_s,
+                          output_tokens=answer.output_tokens, attempts=attempted.attempts,
+                          cached_tokens=answer.cached_tokens, teacher=teacher)
 
 
 class _Asking:
@@ -205,11 +266,11 @@ class _Asking:
         self.correct = self.failures = 0
         self.workers: list[asyncio.Task[None]] = []
 
-    async def worker(self, send: Sender) -> None:
+    async def worker(self, send: Sender, teacher_send: Sender) -> None:
         for position, prompt in self.pending:
             if self.stop.is_set():
                 return
-            record = await _ask(send, self.plan, prompt, self.settings)
+            record = await _ask(send, self.plan, prompt, self.settings, teacher_send)
             self.records[position] = record
             self.finished.append(record)
             self.correct += record.correct
@@ -225,10 +286,10 @@ class _Asking:
                         task.cancel()
                 return
 
-    async def run(self, send: Sender) -> list[QuestionRecord]:
+    async def run(self, send: Sender, teacher_send: Sender) -> list[QuestionRecord]:
         """Every question (or until stopped), records in the plan's question order."""
         count = min(self.settings.concurrency, len(self.plan.prompts))
-        self.workers += [asyncio.create_task(self.worker(send)) for _ in range(count)]
+        self.workers += [asyncio.create_task(self.worker(send, teacher_send)) for _ in range(count)]
         try:
             outcomes = await asyncio.gather(*self.workers, return_exceptions=True)
             for result in outcomes:
@@ -259,6 +320,7 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
         session = await stack.enter_async_context(
             aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers))
         send: Sender = functools.partial(_ask_once, session, base_url)
+        teacher_send = send  # `/generate` is not an OpenAI route: always aiohttp
         if settings.client == "openai" and plan.endpoint != "generate":
             import openai
 
@@ -266,5 +328,5 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
                 base_url=base_url + "/v1", api_key=settings.api_key or "none", max_retries=0,
                 timeout=settings.request_timeout_s))
             send = _openai_sender(client)
-        ordered = await asking.run(send)
+        ordered = await asking.run(send, teacher_send)
     return score(ordered, time.perf_counter() - asking.started), ordered

@@ -54,7 +54,8 @@ def eval_server(
                           tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
     if request_timeout_s <= 0:
         raise ConfigError(f"--request-timeout-s: must be positive (got {request_timeout_s})")
-    settings = EvalSettings(concurrency=concurrency, request_timeout_s=request_timeout_s)
+    # One server, no reference: nothing to compare teacher-forced log-probabilities with.
+    settings = EvalSettings(concurrency=concurrency, request_timeout_s=request_timeout_s, teacher_forcing=False)
     raise typer.Exit(run_eval(request, data, protocol_plan, settings, GateSpec(), console))
 
 

@@ -4,8 +4,10 @@
 - `mismatch`: the server resolved another configuration than the cell's label.
 - `fail`: a test rejected at its share of the run's budget (harness.gate.budget): accuracy on the
   test split below the model's floor (exact binomial); a drop against the reference cell beyond
-  `gate.tolerance` (paired, on the same questions); a drop against the cell's own last passing run
-  or the pinned run (exact McNemar); or the early-stop test stopped the cell.
+  `gate.tolerance` (paired, on the same questions); teacher-forced log-probabilities that diverge
+  from the reference cell's on more questions than a healthy cell's do (harness.gate.divergence);
+  a drop against the cell's own last passing run or the pinned run (exact McNemar); or the
+  early-stop test stopped the cell.
 - `pass`: no test rejected, and none leaves a harmful drop open (see `judge`).
 - `inconclusive`: no test rejected, but one leaves it open: extended when the suite can, else final.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.errors import ErrorKind
+from harness.gate.divergence import Divergence, divergence_test
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
@@ -123,15 +126,27 @@ def _comparisons(answers: dict[int, bool], gate: GateSpec, others: dict[str, Cel
     return found
 
 
+def _divergence(outcome: CellOutcome, reference: CellOutcome | None, gate: GateSpec,
+                tolerance: float | None) -> Divergence | None:
+    """The teacher-forced divergence test against the reference, when both sides have teacher records."""
+    if not gate.divergence.enabled or reference is None or reference.score is None or reference.error is not None:
+        return None
+    return divergence_test(outcome.questions, reference.questions, tolerance or gate.divergence.tolerance,
+                           gate.divergence.healthy_share)
+
+
 def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: CellOutcome | None = None,
-          pinned: CellOutcome | None = None, reference_problem: str | None = None) -> Verdict:
-    """`reference`: the reference cell of this run (null hypothesis: drop <= gate.tolerance);
+          pinned: CellOutcome | None = None, reference_problem: str | None = None,
+          divergence_tolerance: float | None = None) -> Verdict:
+    """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
+    and teacher-forced divergence within the tolerance on all but a healthy share of questions);
     `history`: the same cell in the last run of the suite where it passed; `pinned`: the same cell
     in the suite's pinned run (both: no drop). Each is a paired test on the questions both answered;
     the stage's alpha is split evenly over the tests made. `reference_problem`: why the reference
     cannot vouch for the cell (it errored, failed, or stopped early): a cell that would pass is then
-    `inconclusive`, since a broken reference proves nothing.
+    `inconclusive`, since a broken reference proves nothing. `divergence_tolerance`: the model's
+    (nats per token), else the gate's.
 
     Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
     early = unmeasured(outcome, gate)
@@ -143,8 +158,9 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     low, high = wilson_interval(correct, n)
     found = _comparisons(answers, gate, {"reference": reference, "the last passing run": history,
                                          "the pinned run": pinned})
+    diverged = _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and bool(test_answers)
-    tests = floor_tested + len(found)
+    tests = floor_tested + len(found) + (diverged is not None)
     alpha = stage.alpha / max(tests, 1)
     reasons = [f"accuracy {correct / n:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
     status = Status.PASS
@@ -153,6 +169,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
         reasons.append(outcome.stopped_early)
     floor_part, floor_p = _floor_part(test_answers, floor, alpha, floor_tested)
     parts = [floor_part, *(_paired_part(paired, label, gate, alpha, stage, n) for label, paired in found.items())]
+    if diverged is not None:  # it can fail the cell, never hold it open (harness.gate.divergence)
+        parts.append(_Part(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha)))
     for part in parts:
         status = _worse(status, part.status)
     reasons += [part.reason + (part.undecided if status is not Status.FAIL else "") for part in parts if part.reason]
@@ -171,4 +189,12 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,
-                   pinned_p=pinned_paired.p_drop if pinned_paired else None)
+                   pinned_p=pinned_paired.p_drop if pinned_paired else None,
+                   **_divergence_fields(diverged))
+
+
+def _divergence_fields(diverged: Divergence | None) -> dict[str, float | int | None]:
+    if diverged is None:
+        return {}
+    return {"divergence_p": diverged.p, "divergence_share": diverged.share, "divergence_nats": diverged.nats,
+            "divergence_top1": diverged.top1, "divergence_high": diverged.high, "divergence_n": diverged.n}

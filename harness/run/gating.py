@@ -120,7 +120,7 @@ class Gating:
         if problem:
             self._unvouched.add(cell.cell_id)
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found[1] if found else None,
-                        pinned[1] if pinned else None, problem)
+                        pinned[1] if pinned else None, problem, cell.model.divergence_tolerance)
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})

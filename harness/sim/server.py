@@ -108,14 +108,35 @@ async def _faults_before_answer(state: SimState, number: int) -> web.Response | 
     return None
 
 
-async def _answer(state: SimState, prefix: str, question: str, stop: list[str], max_tokens: int,
-                  chat: bool, number: int = 0) -> tuple[str, str, int, int, int]:
-    """(text, finish_reason, prompt_tokens, completion_tokens, cached prompt tokens) after the
-    simulated service time."""
+def _prefix_hit(state: SimState, prefix: str) -> bool:
+    """Whether the radix cache holds this shared prefix already (and, radix on, remember it now)."""
     key = hashlib.sha1(prefix.encode()).hexdigest()
     prefix_hit = bool(prefix) and not state.resolved["disable_radix_cache"] and key in state.prefixes
     if not state.resolved["disable_radix_cache"] and prefix:
         state.prefixes.add(key)
+    return prefix_hit
+
+
+async def _serve(state: SimState, number: int, prefill_tokens: int, completion_tokens: int) -> None:
+    """Hold one of the server's slots for the simulated service time of one request."""
+    latency = state.world.latency
+    assert state.slots is not None
+    async with state.slots:
+        acquired = state.serving[number] = time.perf_counter()
+        model = state.world.model(state.model_path)
+        base_s = model.base_s if model.base_s is not None else latency.base_s
+        delay = base_s + prefill_tokens * latency.prefill_s_per_token + completion_tokens * latency.decode_s_per_token
+        if delay > 0:
+            await asyncio.sleep(delay)
+        state.busy_slot_s += time.perf_counter() - acquired
+        del state.serving[number]
+
+
+async def _answer(state: SimState, prefix: str, question: str, stop: list[str], max_tokens: int,
+                  chat: bool, number: int = 0) -> tuple[str, str, int, int, int]:
+    """(text, finish_reason, prompt_tokens, completion_tokens, cached prompt tokens) after the
+    simulated service time."""
+    prefix_hit = _prefix_hit(state, prefix)
     empty = any(unit_hash(state.world.seed, "empty", question) < f.empty_output_rate for f in state.faults)
     decision = Decision("empty") if empty else state.world.decide(state.model_path, question, state.resolved,
                                                                     prefix_hit, os.environ.get("REGRESS_SIM_COMMIT"))
@@ -124,20 +145,29 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
     reason = "stop" if stopped else reason
     prompt_tokens = (len(prefix) + len(question)) // 4 + 1
     completion_tokens = len(text) // 4 + (1 if text else 0)
-    latency = state.world.latency
-    assert state.slots is not None
-    async with state.slots:
-        acquired = state.serving[number] = time.perf_counter()
-        cached = len(prefix) // 4 if prefix_hit else 0
-        model = state.world.model(state.model_path)
-        base_s = model.base_s if model.base_s is not None else latency.base_s
-        delay = (base_s + (prompt_tokens - cached) * latency.prefill_s_per_token
-                 + completion_tokens * latency.decode_s_per_token)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        state.busy_slot_s += time.perf_counter() - acquired
-        del state.serving[number]
+    cached = len(prefix) // 4 if prefix_hit else 0
+    await _serve(state, number, prompt_tokens - cached, completion_tokens)
     return text, reason, prompt_tokens, completion_tokens, cached
+
+
+async def _teacher_forced(state: SimState, text: str, start: int, number: int) -> dict[str, Any]:
+    """sglang's `/generate` meta_info for a prompt scored without decoding (`max_new_tokens` 0,
+    `return_logprob`, `top_logprobs_num` 1): entries from `logprob_start_len` on, the first without
+    a log-probability, as sglang returns them. The continuation is what follows the last "Answer:"."""
+    prefix, question = split_prompt(text)
+    continuation = text.rpartition("\nAnswer:")[2]
+    prefix_hit = _prefix_hit(state, prefix)
+    scores = state.world.teacher_forced(state.model_path, question, continuation, state.resolved, prefix_hit,
+                                        os.environ.get("REGRESS_SIM_COMMIT"))
+    cached = len(prefix) // 4 if prefix_hit else 0
+    prompt_tokens = start + 1 + len(scores.token_ids)
+    await _serve(state, number, prompt_tokens - cached, 0)
+    entries = [[None, 0, None], *([lp, token, None] for lp, token in zip(scores.logprobs, scores.token_ids, strict=True))]
+    tops = [None, *([[lp if top == token else min(0.0, lp + 0.1), top, None]]
+                    for lp, token, top in zip(scores.logprobs, scores.token_ids, scores.top_ids, strict=True))]
+    return {"id": str(number), "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": cached,
+            "finish_reason": {"type": "length"}, "input_token_logprobs": entries, "input_top_logprobs": tops,
+            "output_token_logprobs": [], "output_top_logprobs": []}
 
 
 def _usage(state: SimState, prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
@@ -217,6 +247,11 @@ class SimRoutes:
         if not isinstance(body.get("text"), str):
             return web.json_response({"error": "text is required"}, status=400)
         params = body.get("sampling_params") or {}
+        if body.get("return_logprob") and params.get("max_new_tokens") == 0:
+            start = body.get("logprob_start_len")
+            if not isinstance(start, int) or start < 0:
+                return web.json_response({"error": "the simulator scores logprob_start_len >= 0 only"}, status=400)
+            return web.json_response({"text": "", "meta_info": await _teacher_forced(self.state, body["text"], start, number)})
         prefix, question = split_prompt(body["text"])
         text, reason, prompt_tokens, tokens, cached = await _answer(
             self.state, prefix, question, _stop_list(params.get("stop")), int(params.get("max_new_tokens", 128)), False, number)

@@ -60,8 +60,14 @@ class Bug(Condition):
     trigger: Literal["always", "prefix_hit"] = "always"
     # Per configuration, the share of matching requests that is corrupted is drawn in this range.
     corrupt_probability: tuple[float, float] = (0.7, 0.95)
-    # Corrupt an answer by a wrong number, or by the whole effect a broken kernel has: junk to max tokens.
-    style: Literal["wrong", "garbage", "mixed", "empty"] = "mixed"
+    # Corrupt an answer by a wrong number, or by the whole effect a broken kernel has: junk to max
+    # tokens; `unchanged`: every answer stays as it was, only the log-probabilities move (a bug that
+    # corrupts the reasoning's numbers but not the final one, visible to teacher forcing alone).
+    style: Literal["wrong", "garbage", "mixed", "empty", "unchanged"] = "mixed"
+    # On an affected request, each teacher-forced log-probability moves by this (nats) times a draw
+    # in [0.5, 1.5), and the top-1 token changes at `top1_flip` of the positions.
+    divergence: float = Field(1.0, ge=0)
+    top1_flip: float = Field(0.3, ge=0, le=1)
     # With a commit history in the world: the bug exists from this commit on (REGRESS_SIM_COMMIT
     # names the build a server runs), so bisection can be tested.
     since_commit: str | None = None
@@ -115,6 +121,11 @@ class World(_Strict):
     page_cache_dir: str | None = None
     # Server-info keys this build does not report (an sglang from before the flag existed).
     unreported_fields: list[str] = []
+    # Healthy numerics: each configuration moves every teacher-forced log-probability by a draw in
+    # [-drift, drift) nats (its own draw per configuration, question and position), and changes the
+    # top-1 token at a share `drift` of positions (near-ties). Per attention backend: `backend_drift`.
+    logprob_drift: float = Field(0.01, ge=0, le=1)
+    backend_drift: dict[str, float] = {}
 
     def bug_active(self, bug: Bug, commit: str | None) -> bool:
         if bug.since_commit is None:
@@ -133,14 +144,11 @@ class World(_Strict):
     def faults_for(self, model_path: str, resolved: dict[str, Any]) -> list[Fault]:
         return [fault for fault in self.faults if fault.matches(model_path, resolved)]
 
-    def decide(self, model_path: str, question: str, resolved: dict[str, Any], prefix_hit: bool,
-               commit: str | None = None) -> Decision:
-        """Right, wrong, or corrupted, for this question on this configuration."""
+    def affecting(self, model_path: str, question: str, resolved: dict[str, Any], prefix_hit: bool,
+                  commit: str | None = None) -> Bug | None:
+        """The first active bug that matches this configuration and corrupts this question's request."""
         model = self.model(model_path)
         signature = configuration_signature(resolved)
-        correct = unit_hash(self.seed, model_path, question) < model.accuracy
-        if unit_hash(self.seed, model_path, question, signature, "flip") < self.flip_rate:
-            correct = unit_hash(self.seed, model_path, question, signature, "redraw") < model.accuracy
         seen = {**resolved, **wrapping(model.kind, resolved)}
         for bug in self.bugs:
             if not bug.matches(model_path, seen) or (bug.trigger == "prefix_hit" and not prefix_hit):
@@ -150,14 +158,63 @@ class World(_Strict):
             low, high = bug.corrupt_probability
             strength = low + (high - low) * unit_hash(self.seed, bug.name, signature, model_path)
             if unit_hash(self.seed, bug.name, question, signature) < strength:
-                style = bug.style
-                if style == "mixed":
-                    style = "garbage" if unit_hash(self.seed, question, "style") < 0.5 else "wrong"
-                return Decision(style, bug.name)
+                return bug
+        return None
+
+    def decide(self, model_path: str, question: str, resolved: dict[str, Any], prefix_hit: bool,
+               commit: str | None = None) -> Decision:
+        """Right, wrong, or corrupted, for this question on this configuration."""
+        model = self.model(model_path)
+        signature = configuration_signature(resolved)
+        correct = unit_hash(self.seed, model_path, question) < model.accuracy
+        if unit_hash(self.seed, model_path, question, signature, "flip") < self.flip_rate:
+            correct = unit_hash(self.seed, model_path, question, signature, "redraw") < model.accuracy
+        bug = self.affecting(model_path, question, resolved, prefix_hit, commit)
+        if bug is not None and bug.style != "unchanged":
+            style = bug.style
+            if style == "mixed":
+                style = "garbage" if unit_hash(self.seed, question, "style") < 0.5 else "wrong"
+            return Decision(style, bug.name)
         if correct:
             return Decision("right")
         invalid = unit_hash(self.seed, model_path, question, signature, "invalid") < model.invalid_share_of_wrong
         return Decision("invalid" if invalid else "wrong")
+
+    def teacher_forced(self, model_path: str, question: str, continuation: str, resolved: dict[str, Any],
+                       prefix_hit: bool, commit: str | None = None) -> TeacherScores:
+        """The log-probabilities and top-1 tokens a server of this configuration gives `continuation`
+        after the question, teacher-forced. A token is 4 characters (as the simulator counts them);
+        the model's own numbers are a hash of the question and position, the configuration's drift and
+        an affecting bug's damage are added to them."""
+        self.model(model_path)  # an unknown model is a ConfigError, as for answers
+        signature = configuration_signature(resolved)
+        drift = self.backend_drift.get(str(resolved.get("attention_backend")), self.logprob_drift)
+        bug = self.affecting(model_path, question, resolved, prefix_hit, commit)
+        chunks = [continuation[i:i + 4] for i in range(0, len(continuation), 4)] or [""]
+        ids, logprobs, tops = [], [], []
+        for position, chunk in enumerate(chunks):
+            token = int(unit_hash(self.seed, "token", chunk) * 32000)
+            other = int(unit_hash(self.seed, "other", model_path, question, position) * 32000)
+            logprob = -3.0 * unit_hash(self.seed, model_path, question, position, "logprob")
+            logprob += drift * (2 * unit_hash(self.seed, model_path, question, position, signature, "drift") - 1)
+            top = token if unit_hash(self.seed, model_path, question, position, "top") < 0.6 else other
+            if unit_hash(self.seed, model_path, question, position, signature, "tie") < drift:
+                top = other if top == token else token
+            if bug is not None:
+                logprob -= bug.divergence * (0.5 + unit_hash(self.seed, bug.name, question, position))
+                if unit_hash(self.seed, bug.name, question, position, "top") < bug.top1_flip:
+                    top = other if top == token else token
+            ids.append(token)
+            logprobs.append(min(0.0, logprob))
+            tops.append(top)
+        return TeacherScores(tuple(ids), tuple(logprobs), tuple(tops))
+
+
+@dataclass(frozen=True)
+class TeacherScores:
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)

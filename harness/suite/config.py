@@ -35,6 +35,9 @@ class ModelSpec(Strict):
     env: dict[str, str] = {}
     gpu_type: str | None = None
     startup_timeout_s: Annotated[float, Field(gt=0)] = 1200.0
+    # Nats per token beyond which a question's teacher-forced divergence from the reference counts
+    # (gate.divergence); null: the gate's. `regress calibrate` proposes one from measured runs.
+    divergence_tolerance: Annotated[float, Field(gt=0.0)] | None = None
 
 
 CPU_SLOT_RESOURCE = "regress_cpu_slot"
@@ -68,6 +71,19 @@ class DatasetSpec(Strict):
     path: str | None = None
 
 
+class DivergenceSpec(Strict):
+    """The teacher-forced divergence test against the reference cell (harness.gate.divergence)."""
+
+    # Ask each question's teacher text teacher-forced (prefill only) and test it; false: neither.
+    enabled: bool = True
+    # Nats per token of mean |delta log-probability| beyond which a question counts as diverged.
+    # Conservative: well above the bf16 differences between healthy backends; a model's own
+    # `divergence_tolerance` (calibrated from its measured runs) replaces it.
+    tolerance: Annotated[float, Field(gt=0.0)] = 0.1
+    # The share of questions a healthy cell may have beyond the tolerance (the null hypothesis).
+    healthy_share: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
+
+
 class GateSpec(Strict):
     """How cells are judged (README, "Verdicts"; harness.gate). One budget: `alpha` is the chance
     that a healthy run has any `fail`, spread over cells, tests and looks (harness.gate.budget)."""
@@ -94,6 +110,7 @@ class GateSpec(Strict):
     # A run of this suite every cell is also paired with (besides the last run it passed in), so a
     # slow drift of a point a night cannot pass unseen. `regress calibrate SUITE` proposes one.
     pinned_run: str | None = None
+    divergence: DivergenceSpec = DivergenceSpec()
 
     @model_validator(mode="before")
     @classmethod
@@ -261,6 +278,7 @@ def _format_location(location: tuple[Any, ...]) -> str:
 
 _FIELDS_AT: dict[str, type[BaseModel]] = {
     "": Suite, "models": ModelSpec, "cluster": ClusterSpec, "dataset": DatasetSpec, "gate": GateSpec,
+    "divergence": DivergenceSpec,
 }
 
 

@@ -112,7 +112,8 @@ def _prompt(name: ProtocolName, index: int, problem: Problem, prefix: str,
             turns: tuple[tuple[str, str], ...]) -> Prompt:
     split = TRAIN_SPLIT if index >= EXTENSION_INDEX_OFFSET else "test"
     if name == ProtocolName.CLEAN:
-        return Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:", split=split)
+        return Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:", split=split,
+                      teacher=" " + clean_solution(problem.solution))
     return Prompt(index, problem.gold, messages=(*turns, ("user", f"Question: {problem.question}")), split=split)
 
 
@@ -134,7 +135,8 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
             raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)} "
                               "(protocol sglang-fewshot asks test questions only)")
         prompts = [Prompt(i, extract_sglang_integer(data.test[i].solution) or "",
-                          prefix + _sglang_example(data.test[i], False)) for i in range(count)]
+                          prefix + _sglang_example(data.test[i], False), teacher=" " + data.test[i].solution)
+                   for i in range(count)]
         return _finish(data, ProtocolName.SGLANG_FEWSHOT, "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
     shots = sorted(random.Random(seed).sample(range(len(data.train)), NUM_SHOTS))
     prefix, turns = _shots(name, data, shots)
@@ -165,7 +167,8 @@ def _run_eval_plan(data: Gsm8k, num_questions: int | None, seed: int, max_tokens
                           f"(the test split less its {NUM_SHOTS} shots)")
     chosen = pool if num_questions is None else pool[:num_questions]
     prompts = [Prompt(i, extract_sglang_run_eval(data.test[i].solution) or "",
-                      prefix + _sglang_example(data.test[i], False)) for i in chosen]
+                      prefix + _sglang_example(data.test[i], False), teacher=" " + data.test[i].solution)
+               for i in chosen]
     return _finish(data, ProtocolName.SGLANG_RUN_EVAL, "completions", prompts, SGLANG_STOP, max_tokens, shots, seed)
 
 

@@ -4,6 +4,11 @@ folder) and REGRESS_PLANT; with REGRESS_PLANT unset nothing is touched. Never on
 - `scheduler_crash`: the scheduler raises in its first batch (the server's own warmup request), after
   the launcher has installed its running-phase handler: sglang then logs "Scheduler hit an
   exception", and its launcher waits ~60 s "for CUDA coredumps" before exiting, even on a CPU.
+- `prefix_kv`: the incident's class of bug. A request that extends a prefix served from the radix
+  cache reads the wrong KV rows for that prefix (each position the row of the token before it: an
+  off-by-one; a permutation would not do, attention over post-RoPE keys ignores their order), in the
+  torch_native backend's extend; a request without a cache hit, and every decode step's own
+  attention call, are untouched. Nothing raises: the server answers, only the numbers are wrong.
 """
 
 import importlib.abc
@@ -12,10 +17,34 @@ import os
 import sys
 
 PLANT = os.environ.get("REGRESS_PLANT", "")
-TARGET = "sglang.srt.managers.scheduler"
+TARGETS = {"scheduler_crash": "sglang.srt.managers.scheduler",
+           "prefix_kv": "sglang.srt.layers.attention.torch_native_backend"}
+TARGET = TARGETS.get(PLANT, "")
+
+
+def _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens):
+    """A copy of the request-to-KV-row map in which each cache-hit prefix reads, at every position
+    after its first, the row of the position before."""
+    rows = req_to_token.clone()
+    for pool_index, prefix in zip(req_pool_indices.tolist(), extend_prefix_lens.tolist()):
+        if prefix > 1:
+            rows[pool_index, 1:prefix] = req_to_token[pool_index, :prefix - 1]
+    return rows
 
 
 def _plant(module):
+    if PLANT == "prefix_kv":
+        backend = module.TorchNativeAttnBackend
+        original = backend._run_sdpa_forward_extend
+
+        def extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                   extend_prefix_lens, *args, **kwargs):
+            if int(extend_prefix_lens.max()) > 1:
+                req_to_token = _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens)
+            return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                            extend_prefix_lens, *args, **kwargs)
+
+        backend._run_sdpa_forward_extend = extend
     if PLANT == "scheduler_crash":
         def run_batch(self, *args, **kwargs):
             raise RuntimeError("planted scheduler crash (REGRESS_PLANT=scheduler_crash)")
@@ -45,5 +74,5 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if PLANT:
+if TARGET:
     sys.meta_path.insert(0, _AfterImport())

@@ -1,0 +1,116 @@
+"""Teacher-forced divergence from the reference cell (pure): evidence beyond one bit per question.
+
+Every cell scores the same fixed continuation of each prompt teacher-forced (the question's reference
+solution; harness.benchmark.evaluator). For a question both a cell and its reference scored, on the
+same tokens, the divergence is the mean over the continuation's tokens of |log p_cell - log p_ref|
+(nats per token); the top-1 share is the share of positions where the two servers' most likely
+next tokens differ. Healthy backends differ a little (numerics); a bug that reads wrong KV rows
+changes every token after the damage, whether or not the final answer changes.
+
+The test: a question is *beyond* when its divergence exceeds the tolerance (nats per token; the
+model's `divergence_tolerance`, else `gate.divergence.tolerance`). Null hypothesis, a healthy cell:
+at most `healthy_share` of its questions are beyond. Exact one-sided binomial test on the count
+beyond, at the cell's share of the run's alpha like every other test of the cell. It can fail a
+cell; it cannot hold one undecided (a cell it does not reject is judged by its other tests).
+Questions are paired by (split, index); a question either side lacks, or whose continuation the
+two servers tokenized differently, is left out (counted in the reason).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.records import QuestionRecord, TeacherForced
+
+TOP_QUANTILE = 0.95  # what a cell records of its questions' divergences, for `regress calibrate`
+
+
+@dataclass(frozen=True)
+class Divergence:
+    n: int  # questions compared
+    beyond: int  # of them, beyond the tolerance
+    tolerance: float
+    healthy_share: float
+    p: float  # of "more beyond than a healthy cell has"
+    nats: float  # mean divergence per token over the questions
+    top1: float  # share of positions whose top-1 token differs, over all compared positions
+    high: float  # the TOP_QUANTILE quantile of the questions' divergences
+    unpaired: int  # questions both answered that could not be compared (see the module docstring)
+
+    @property
+    def share(self) -> float:
+        return self.beyond / self.n if self.n else 0.0
+
+    def describe(self, alpha: float | None = None) -> str:
+        from harness.gate.stats import wilson_interval
+
+        verdict = "" if alpha is None else (f" < {alpha:.2g}" if self.p < alpha else "")
+        low, high = wilson_interval(self.beyond, self.n)
+        text = (f"divergence vs reference: {self.beyond} of {self.n} questions beyond {self.tolerance:.3g} nats/token "
+                f"({self.share:.0%}, 95% CI {low:.0%}-{high:.0%}; healthy: <= {self.healthy_share:.0%}), "
+                f"p={self.p:.2g}{verdict}; mean {self.nats:.3g} nats/token, top-1 differs at {self.top1:.1%} of positions")
+        if self.unpaired:
+            text += f" ({self.unpaired} not comparable)"
+        return text
+
+
+def question_divergence(cell: TeacherForced, reference: TeacherForced) -> tuple[float, int, int] | None:
+    """(mean |delta log p| per token, positions whose top-1 differs, positions), or None when the two
+    cannot be compared: either failed or is empty, or the servers tokenized the continuation differently."""
+    if cell.error or reference.error or not cell.token_ids or cell.token_ids != reference.token_ids:
+        return None
+    if len(cell.logprobs) != len(cell.token_ids) or len(reference.logprobs) != len(reference.token_ids):
+        return None
+    total = sum(abs(a - b) for a, b in zip(cell.logprobs, reference.logprobs, strict=True))
+    flips = sum(a != b for a, b in zip(cell.top_ids, reference.top_ids, strict=False))
+    return total / len(cell.token_ids), flips, len(cell.token_ids)
+
+
+def divergences(cell: list[QuestionRecord], reference: list[QuestionRecord]) -> tuple[list[tuple[float, int, int]], int]:
+    """Per compared question (divergence, top-1 flips, positions), and how many shared questions
+    with teacher records on both sides could not be compared."""
+    theirs = {(r.split, r.index): r.teacher for r in reference if r.error is None and r.teacher is not None}
+    compared, unpaired = [], 0
+    for record in cell:
+        other = theirs.get((record.split, record.index))
+        if record.error is not None or record.teacher is None or other is None:
+            continue
+        found = question_divergence(record.teacher, other)
+        if found is None:
+            unpaired += 1
+        else:
+            compared.append(found)
+    return compared, unpaired
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q quantile (nearest rank, the higher one); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def beyond_p(beyond: int, n: int, healthy_share: float) -> float:
+    """One-sided exact binomial p-value for "more than `healthy_share` of questions are beyond"."""
+    if n == 0 or beyond == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(beyond, n, healthy_share, alternative="greater").pvalue)
+
+
+def divergence_test(cell: list[QuestionRecord], reference: list[QuestionRecord], tolerance: float,
+                    healthy_share: float) -> Divergence | None:
+    """The divergence test of a cell against its reference; None when no question could be compared."""
+    compared, unpaired = divergences(cell, reference)
+    if not compared:
+        return None
+    values = [value for value, _, _ in compared]
+    beyond = sum(value > tolerance for value in values)
+    positions = sum(count for _, _, count in compared)
+    return Divergence(n=len(compared), beyond=beyond, tolerance=tolerance, healthy_share=healthy_share,
+                      p=beyond_p(beyond, len(compared), healthy_share), nats=sum(values) / len(values),
+                      top1=sum(flips for _, flips, _ in compared) / positions if positions else 0.0,
+                      high=quantile(values, TOP_QUANTILE), unpaired=unpaired)
