@@ -7,6 +7,13 @@ runs read, rounded down to the hundredth: every healthy cell measured so far was
 room for its own sampling noise, and the floor follows the protocol's size (1,319 questions give a
 tighter bound than 200).
 
+A divergence tolerance (nats per token, harness.gate.divergence) is proposed per model from its
+passing cells' recorded 95th percentile of per-question divergence from their reference: the
+highest of them, per pair of attention backends (the cell's and its reference's) and over all
+pairs, times 1.5 and rounded up to two significant digits. A healthy cell then has about 5% of its
+questions beyond it, half the 10% the test's null hypothesis allows, so healthy nights stay green
+while a bug that moves most questions is still far beyond it.
+
 The pinned run is the newest run in which every cell that ran passed: a good night that every
 later night is also paired with (gate.pinned_run), so that a slow drift cannot pass unseen.
 """
@@ -53,6 +60,51 @@ def propose_floors(runs: list[tuple[RunInfo, list[CellResult]]], current: dict[s
                                        mean=sum(accuracies) / len(accuracies), lowest=min(accuracies),
                                        lowest_bound=lowest_bound, current=floor,
                                        proposed=math.floor(lowest_bound * 100) / 100))
+    return proposals
+
+
+DIVERGENCE_MARGIN = 1.5
+
+
+@dataclass(frozen=True)
+class DivergenceProposal:
+    model: str
+    pairs: dict[str, float]  # "cell backend vs reference backend" -> the highest 95th percentile seen
+    cells: int
+    current: float  # the model's tolerance now (its own, else the gate's)
+    proposed: float
+
+
+def _round_up(value: float) -> float:
+    """Up to two significant digits (0.01234 -> 0.013)."""
+    if value <= 0:
+        return 1e-4
+    digits = 1 - math.floor(math.log10(value))
+    return math.ceil(value * 10 ** digits) / 10 ** digits
+
+
+def propose_divergence(runs: list[tuple[RunInfo, list[CellResult]]], current: dict[str, float],
+                       backend_axis: str = "attention_backend") -> list[DivergenceProposal]:
+    """One proposal per model of `current` (model id -> tolerance now) with passing cells that were
+    tested for divergence in `runs`."""
+    proposals = []
+    for model, tolerance in current.items():
+        pairs: dict[str, float] = {}
+        cells = 0
+        for _, results in runs:
+            by_id = {cell.cell_id: cell for cell in results}
+            for cell in results:
+                if cell.model != model or cell.status is not Status.PASS or cell.divergence_high is None:
+                    continue
+                reference = by_id.get(cell.reference_cell or "")
+                pair = (f"{cell.factors.get(backend_axis, 'default')} vs "
+                        f"{reference.factors.get(backend_axis, 'default') if reference else '?'}")
+                pairs[pair] = max(pairs.get(pair, 0.0), cell.divergence_high)
+                cells += 1
+        if pairs:
+            proposals.append(DivergenceProposal(model=model, pairs=dict(sorted(pairs.items())), cells=cells,
+                                                current=tolerance,
+                                                proposed=_round_up(DIVERGENCE_MARGIN * max(pairs.values()))))
     return proposals
 
 

@@ -18,6 +18,7 @@ from harness.analysis.compare import compare_runs
 from harness.errors import ConfigError
 from harness.records import CellResult, Status
 from harness.results.archive import Archives, LoadedRun, find_run
+from harness.results.reporting import diverged_text
 
 STATUS_CODE = {Status.PASS: 0, Status.INCONCLUSIVE: 1, Status.ERROR: 2, Status.MISMATCH: 3, Status.FAIL: 4,
                Status.SKIPPED: -1}
@@ -134,11 +135,13 @@ def diff_table(data: DashboardInput) -> str:
         p_value = "-" if change.p_value is None else f"{change.p_value:.2g}"
         link = _run_link(data, after, change.after.mlflow_run_id if change.after else None, change.cell_id)
         rows.append(f'<tr class="{change.change.css_class}"><td>{change.change}</td><td>{link}</td>'
-                    f"<td>{acc(change.before)}</td><td>{acc(change.after)}</td><td>{diff}</td><td>{p_value}</td></tr>")
+                    f"<td>{acc(change.before)}</td><td>{acc(change.after)}</td><td>{diff}</td><td>{p_value}</td>"
+                    f"<td>{html.escape(diverged_text(change.after))}</td></tr>")
     runs = (f"<p>{_run_link(data, before, before.info.mlflow_run_id, before.info.run_id)} → "
             f"{_run_link(data, after, after.info.mlflow_run_id, after.info.run_id)}</p>")
     return (runs + '<table id="diff"><thead><tr><th>change</th><th>cell</th><th>before</th><th>after</th>'
-            "<th>difference (shared questions)</th><th>McNemar p</th></tr></thead><tbody>"
+            "<th>difference (shared questions)</th><th>McNemar p</th>"
+            "<th>diverged from reference (questions beyond, mean nats/token)</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
 
 

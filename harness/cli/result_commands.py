@@ -160,14 +160,16 @@ def calibrate(
     tracking_uri: ArchiveOpt = None,
 ) -> None:
     """Propose each model's floor from measured runs of this suite and protocol (the lowest 95% lower
-    bound of a passing cell, rounded down), and a run to pin (gate.pinned_run: the newest run in
-    which every cell passed). Prints a table and the YAML to paste; changes no file.
+    bound of a passing cell, rounded down), its divergence tolerance (1.5 x the highest 95th
+    percentile of a passing cell's teacher-forced divergence, per backend pair), and a run to pin
+    (gate.pinned_run: the newest run in which every cell passed). Prints tables and the YAML to
+    paste; changes no file.
 
     Example: `regress calibrate configs/nightly.yaml --runs 14 --tracking-uri http://mlflow:5000`
     """
     from rich.table import Table
 
-    from harness.analysis.calibrate import pinnable_run, propose_floors
+    from harness.analysis.calibrate import pinnable_run, propose_divergence, propose_floors
     from harness.errors import ConfigError
     from harness.records import latest_per_cell
     from harness.run.build import RunRequest, prepare
@@ -189,9 +191,20 @@ def calibrate(
         table.add_row(p.model, str(p.runs), str(p.cells), f"{p.mean:.3f}", f"{p.lowest:.3f}", f"{p.lowest_bound:.3f}",
                       f"{p.current:.2f}", f"{p.proposed:.2f} ({p.change})")
     console.print(table)
+    tolerances = propose_divergence(measured, {model.id: model.divergence_tolerance or spec.gate.divergence.tolerance
+                                               for model in spec.models})
+    if tolerances:
+        table = Table(title="divergence tolerances (nats/token): the highest 95th percentile of a passing cell")
+        for column in ("model", "backend pair", "highest p95", "tolerance now", "proposed"):
+            table.add_column(column)
+        for t in tolerances:
+            for pair, high in t.pairs.items():
+                table.add_row(t.model, pair, f"{high:.3g}", f"{t.current:.3g}", f"{t.proposed:.3g}")
+        console.print(table)
     pinned = pinnable_run(measured)
-    lines = [f"# to paste into {suite}: each model's floor, and the run to pin"]
+    lines = [f"# to paste into {suite}: each model's floor and divergence tolerance, and the run to pin"]
     lines += [f"#   {p.model}: floor: {p.proposed:.2f}   (now {p.current:.2f})" for p in proposals]
+    lines += [f"#   {t.model}: divergence_tolerance: {t.proposed:.3g}   (now {t.current:.3g})" for t in tolerances]
     if pinned is not None:
         lines.append(f"gate: {{pinned_run: {pinned.run_id}}}  # every cell passed; started {pinned.started_at}")
     else:

@@ -63,6 +63,13 @@ def _accuracy(result: CellResult) -> str:
     return f"{result.accuracy:.3f}{interval}"
 
 
+def diverged_text(result: CellResult | None) -> str:
+    """`3/20 0.93n`: questions beyond the divergence tolerance, and the mean nats per token."""
+    if result is None or result.divergence_share is None or result.divergence_nats is None:
+        return "-"
+    return f"{round(result.divergence_share * result.divergence_n)}/{result.divergence_n} {result.divergence_nats:.2g}n"
+
+
 def console_table(results: list[CellResult], title: str) -> Table:
     """Compact on purpose: the cell id already names the model and every factor value."""
     table = Table(title=title, show_lines=False, header_style="bold")
@@ -71,11 +78,12 @@ def console_table(results: list[CellResult], title: str) -> Table:
     table.add_column("accuracy [95% CI]", justify="right", no_wrap=True)
     table.add_column("n", justify="right")
     table.add_column("vs ref", justify="right", no_wrap=True)
+    table.add_column("diverged", justify="right", no_wrap=True)
     for result in results:
         versus = "ref" if result.reference_cell is None and result.accuracy is not None else (
             "-" if result.mcnemar_p is None else f"p={result.mcnemar_p:.1g}")
         table.add_row(f"[{result.status.colour}]{result.status.value}[/]", result.cell_id, _accuracy(result),
-                      str(result.n), versus)
+                      str(result.n), versus, diverged_text(result))
     return table
 
 

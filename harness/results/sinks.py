@@ -145,7 +145,8 @@ def cell_line(result: CellResult) -> str:
     detail = ""
     if result.status is not Status.PASS:
         detail = "  " + (" ".join(f"{name} p={value:.1g}" for name, value in (
-            ("floor", result.floor_p), ("vs ref", result.mcnemar_p)) if value is not None)
+            ("floor", result.floor_p), ("vs ref", result.mcnemar_p), ("diverged", result.divergence_p))
+            if value is not None)
             or result.reason.splitlines()[0][:100])
     return f"[{result.status.colour}]{result.status.value:>12}[/] {accuracy} {result.cell_id}{detail}"
 

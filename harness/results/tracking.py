@@ -37,7 +37,8 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 # is an experiment tag holding the UI's own view state (JSON), as its "Share" button writes it.
 SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 CELLS_VIEW, NIGHTS_VIEW = "regress-cells", "regress-runs"
-CELL_METRIC_COLUMNS = ("accuracy", "ci_low", "ci_high", "n", "invalid_rate", "mcnemar_p", "history_p", "eval_s")
+CELL_METRIC_COLUMNS = ("accuracy", "ci_low", "ci_high", "n", "invalid_rate", "mcnemar_p", "divergence_nats",
+                       "divergence_p", "history_p", "eval_s")
 RUN_METRIC_COLUMNS = ("cells_fail", "cells_inconclusive", "cells_error", "cells_mismatch", "cells_pass")
 
 
@@ -223,6 +224,9 @@ class Tracker:
                    "n": result.n, "correct": result.correct, "invalid_rate": result.invalid_rate,
                    "truncated_rate": result.truncated_rate, "agreement": result.agreement,
                    "mcnemar_p": result.mcnemar_p, "floor_p": result.floor_p, "history_p": result.history_p,
+                   "divergence_p": result.divergence_p, "divergence_share": result.divergence_share,
+                   "divergence_nats": result.divergence_nats, "divergence_top1": result.divergence_top1,
+                   "divergence_high": result.divergence_high,
                    "startup_s": result.timings.startup_s, "eval_s": result.timings.eval_s,
                    "total_s": result.timings.total_s, "queued_s": result.timings.queued_s,
                    "requests_per_s": result.throughput.requests_per_s,

@@ -8,7 +8,10 @@ same answers, and two configurations disagree on a few percent of questions, as 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import ConfigError
-from harness.suite.axes import reported_flags
+from harness.suite.axes import AXES, reported_flags
 
 
 class _Strict(BaseModel):
@@ -122,8 +125,10 @@ class World(_Strict):
     # Server-info keys this build does not report (an sglang from before the flag existed).
     unreported_fields: list[str] = []
     # Healthy numerics: each configuration moves every teacher-forced log-probability by a draw in
-    # [-drift, drift) nats (its own draw per configuration, question and position), and changes the
-    # top-1 token at a share `drift` of positions (near-ties). Per attention backend: `backend_drift`.
+    # [-drift, drift) nats times a scale of its own per question (exponential, mean 1: a few
+    # questions drift far more than most, as long or near-tie contexts do), a draw per
+    # configuration, question and position; and changes the top-1 token at a share `drift` of
+    # positions (near-ties). Per attention backend: `backend_drift`.
     logprob_drift: float = Field(0.01, ge=0, le=1)
     backend_drift: dict[str, float] = {}
 
@@ -184,30 +189,30 @@ class World(_Strict):
                        prefix_hit: bool, commit: str | None = None) -> TeacherScores:
         """The log-probabilities and top-1 tokens a server of this configuration gives `continuation`
         after the question, teacher-forced. A token is 4 characters (as the simulator counts them);
-        the model's own numbers are a hash of the question and position, the configuration's drift and
-        an affecting bug's damage are added to them."""
+        the model's own numbers are seeded draws per question, the configuration's drift and an
+        affecting bug's damage are added to them (vectorised: one seeded generator per part)."""
+        import numpy as np
+
         self.model(model_path)  # an unknown model is a ConfigError, as for answers
         signature = configuration_signature(resolved)
         drift = self.backend_drift.get(str(resolved.get("attention_backend")), self.logprob_drift)
+        drift *= -math.log(1.0 - unit_hash(self.seed, model_path, question, signature, "scale"))
         bug = self.affecting(model_path, question, resolved, prefix_hit, commit)
         chunks = [continuation[i:i + 4] for i in range(0, len(continuation), 4)] or [""]
-        ids, logprobs, tops = [], [], []
-        for position, chunk in enumerate(chunks):
-            token = int(unit_hash(self.seed, "token", chunk) * 32000)
-            other = int(unit_hash(self.seed, "other", model_path, question, position) * 32000)
-            logprob = -3.0 * unit_hash(self.seed, model_path, question, position, "logprob")
-            logprob += drift * (2 * unit_hash(self.seed, model_path, question, position, signature, "drift") - 1)
-            top = token if unit_hash(self.seed, model_path, question, position, "top") < 0.6 else other
-            if unit_hash(self.seed, model_path, question, position, signature, "tie") < drift:
-                top = other if top == token else token
-            if bug is not None:
-                logprob -= bug.divergence * (0.5 + unit_hash(self.seed, bug.name, question, position))
-                if unit_hash(self.seed, bug.name, question, position, "top") < bug.top1_flip:
-                    top = other if top == token else token
-            ids.append(token)
-            logprobs.append(min(0.0, logprob))
-            tops.append(top)
-        return TeacherScores(tuple(ids), tuple(logprobs), tuple(tops))
+        count = len(chunks)
+        tokens = np.array([zlib.crc32(chunk.encode()) % 32000 for chunk in chunks])
+        others = (unit_draws(count, self.seed, "other", model_path, question) * 32000).astype(int)
+        others = np.where(others == tokens, (others + 1) % 32000, others)
+        logprobs = -3.0 * unit_draws(count, self.seed, model_path, question, "logprob")
+        logprobs += drift * (2 * unit_draws(count, self.seed, model_path, question, signature, "drift") - 1)
+        top_is_token = unit_draws(count, self.seed, model_path, question, "top") < 0.6
+        top_is_token ^= unit_draws(count, self.seed, model_path, question, signature, "tie") < min(drift, 1.0)
+        if bug is not None:
+            logprobs -= bug.divergence * (0.5 + unit_draws(count, self.seed, bug.name, question))
+            top_is_token ^= unit_draws(count, self.seed, bug.name, question, "top") < bug.top1_flip
+        tops = np.where(top_is_token, tokens, others)
+        return TeacherScores(tuple(int(t) for t in tokens), tuple(float(v) for v in np.minimum(logprobs, 0.0)),
+                             tuple(int(t) for t in tops))
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,11 @@ def numerics_fields() -> tuple[str, ...]:
     """Server-info fields that change numerics: every field a flag the harness knows resolves to
     (the axis registry, `harness.suite.axes.reported_flags`), and the seed. Two configurations that
     differ in these drift apart."""
+    return _numerics_fields(tuple(AXES.items()))
+
+
+@functools.lru_cache(maxsize=16)
+def _numerics_fields(_registry: tuple) -> tuple[str, ...]:  # keyed by the registry's entries: never stale
     return (*dict.fromkeys(field for field, _ in reported_flags().values()), "random_seed")
 
 
@@ -252,6 +262,14 @@ def configuration_signature(resolved: dict[str, Any]) -> str:
     """The resolved fields that change numerics, those that are set (not None, not False): so
     registering an axis keeps every world's answers for cells that do not use it."""
     return "|".join(f"{key}={resolved[key]}" for key in numerics_fields() if resolved.get(key) not in (None, False))
+
+
+def unit_draws(count: int, *parts: object):
+    """`count` deterministic numbers in [0, 1) from its inputs (a numpy generator seeded by them)."""
+    import numpy as np
+
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(digest, "big")).random(count)
 
 
 def unit_hash(*parts: object) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.analysis.calibrate import pinnable_run, propose_floors
+from harness.analysis.calibrate import pinnable_run, propose_divergence, propose_floors
 from harness.records import CellResult, RunInfo, Status, latest_per_cell
 from tests.records import result, run_info
 
@@ -47,3 +47,17 @@ def test_the_run_to_pin_is_the_newest_in_which_every_cell_that_ran_passed():
 def test_a_later_line_of_a_cell_replaces_the_earlier_one():
     first, again = cell("m.x", "m", Status.INCONCLUSIVE, 170, 200), cell("m.x", "m", Status.PASS, 1180, 1319)
     assert list(latest_per_cell([first, again]).values()) == [again]
+
+
+def test_the_divergence_tolerance_proposed_covers_the_worst_backend_pair_with_margin():
+    def diverged(cell_id: str, backend: str, high: float | None, status: Status = Status.PASS) -> CellResult:
+        return result(cell_id, status, "m", factors={"attention_backend": backend}, reference_cell="m.ref",
+                      divergence_high=high)
+
+    reference = result("m.ref", Status.PASS, "m", factors={"attention_backend": "triton"})
+    runs = [(info("a"), [reference, diverged("m.fa3", "fa3", 0.012), diverged("m.fi", "flashinfer", 0.031)]),
+            (info("b"), [reference, diverged("m.fa3", "fa3", 0.02), diverged("m.fi", "flashinfer", 0.9, Status.FAIL)])]
+    (proposal,) = propose_divergence(runs, {"m": 0.1, "other": 0.1})
+    assert proposal.pairs == {"fa3 vs triton": 0.02, "flashinfer vs triton": 0.031}  # the failing cell is no evidence
+    assert proposal.cells == 3 and proposal.proposed == 0.047  # 1.5 x 0.031, rounded up to two digits
+    assert propose_divergence([(info("a"), [reference])], {"m": 0.1}) == []  # never tested: nothing to propose

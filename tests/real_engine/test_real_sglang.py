@@ -1,7 +1,9 @@
 """Real sglang 0.5.23 on this CPU, launched by `regress run` through Ray (`cluster.platform: cpu`):
 radix cache on and off and a tp-2 cell serve a tiny random-weight Llama built here; a backend that
 sglang silently replaces is `mismatch` at plan time with no server started; a scheduler that crashes
-is an `error` at once; nothing is left running, no stop logs a crash, no stand-in function runs.
+is an `error` at once; the incident's class of bug, planted (wrong KV rows read on prefix-cache
+hits), fails exactly the radix-on cells by teacher-forced divergence while every cell scores 0 on
+GSM8K; nothing is left running, no stop logs a crash, no stand-in function runs.
 
 Needs the environment `make sglang-env` builds (part of `make test`)."""
 
@@ -136,3 +138,46 @@ def test_a_scheduler_that_crashes_is_an_error_at_once(ray_local, tiny_model, tmp
     assert result.exit_code == 3, result.output  # infrastructure, never "regressions found"
     assert sglang_processes(tiny_model) == []
     assert json.loads((run_dir / "run.json").read_text())["counts"] == {"error": 1}
+
+
+def questions_of(run_dir: Path, cell_id: str) -> list[QuestionRecord]:
+    return [QuestionRecord.model_validate_json(line)
+            for line in (run_dir / "questions" / f"{cell_id}.jsonl").read_text().splitlines()]
+
+
+def test_the_planted_incident_fails_exactly_the_radix_on_cells(ray_local, tiny_model, tmp_path):
+    """The incident's class of bug planted into the real sglang (tests/real_engine/plants,
+    `prefix_kv`): a request that hits the radix cache reads the wrong KV rows for its cached prefix;
+    nothing raises. A random-weight model scores 0 on GSM8K on every cell, so accuracy cannot see it;
+    the teacher-forced divergence from the radix-off reference fails both radix-on cells and passes the
+    radix-off one (chunked prefill 2048 is above these prompts' length: a configuration of its own
+    that takes the same path)."""
+    models = """  - id: tiny
+    path: {model}
+    floor: 0.0
+    startup_timeout_s: {startup}
+    env: {{REGRESS_PLANT: prefix_kv, PYTHONPATH: "{plants}"}}"""
+    axes = "  radix_cache: [on, off]\n  chunked_prefill: [default, 2048]"
+    extra = "baseline: {radix_cache: off, chunked_prefill: default}"
+    results = tmp_path / "results"
+    result = invoke("run", str(cpu_suite(tmp_path, tiny_model, models, axes, extra)), "--results-dir", str(results),
+                    "--no-tracking")
+    run_dir = only_run(results)
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    reference = "tiny.rc-off.cp-default"
+    assert set(cells) == {reference, "tiny.rc-off.cp-2048", "tiny.rc-on.cp-default", "tiny.rc-on.cp-2048"}
+    for cell_id, cell in cells.items():
+        assert cell.n == 6 and cell.correct == cell.accuracy == 0, cell.reason  # GSM8K sees nothing
+        teacher = [q.teacher for q in questions_of(run_dir, cell_id)]
+        assert all(t is not None and t.error is None and len(t.logprobs) > 20 for t in teacher), teacher
+        if cell_id.startswith("tiny.rc-on"):  # the teacher-forced requests were served from the radix cache
+            assert all(t.cached_tokens and t.cached_tokens >= t.start - 1 for t in teacher)
+            assert cell.status is Status.FAIL, cell.reason
+            assert cell.divergence_share == 1.0 and cell.divergence_nats > 0.5, cell.reason  # the gate's 0.1 tolerance
+            assert "divergence vs reference: 6 of 6 questions beyond" in cell.reason
+        elif cell_id != reference:
+            assert cell.status is Status.PASS, cell.reason
+            assert cell.divergence_n == 6 and cell.divergence_share == 0.0, cell.reason
+            assert all(t.cached_tokens == 0 for t in teacher)
+    assert result.exit_code == 1, result.output
+    assert sglang_processes(tiny_model) == []

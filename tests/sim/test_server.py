@@ -144,3 +144,31 @@ def test_a_model_loads_slower_on_a_node_whose_page_cache_lacks_it(tmp_path):
     assert "[sim] cold load on node a" in (tmp_path / "a.log").read_text()
     assert "[sim] warm load on node a" in (tmp_path / "a.log").read_text()
     assert "[sim] cold load on node b" in (tmp_path / "b.log").read_text()
+
+
+def test_teacher_forcing_sees_a_prefix_cache_bug_that_changes_no_answer(tmp_path, gsm8k):
+    """A bug whose style is `unchanged` keeps every answer; the teacher-forced log-probabilities of
+    the requests that hit the prefix cache move, and a healthy configuration's barely do."""
+    world_text = INCIDENT_WORLD.read_text().replace("style: mixed", "style: unchanged")
+    world = tmp_path / "quiet-bug.yaml"
+    world.write_text(world_text)
+    plan = build_plan(gsm8k, "clean", 30, 0)
+
+    async def records(axes, name):
+        cell = make_cell(axes, KIMI, tp=2, extra_args=KIMI_ARGS)
+        async with ServerProcess(sim_spec(cell, world), tmp_path / f"{name}.log") as server:
+            return await evaluate(server.base_url, plan, EvalSettings(concurrency=8))
+
+    broken_score, broken = run(records(INCIDENT_AXES, "broken"))
+    healthy_score, healthy = run(records(INCIDENT_AXES | {"attention_backend": "triton"}, "healthy"))
+    assert broken_score.accuracy >= 0.8 and healthy_score.accuracy >= 0.8  # accuracy sees nothing
+    for record in (*broken, *healthy):
+        assert record.teacher is not None and record.teacher.error is None
+        assert record.teacher.start > 0 and len(record.teacher.logprobs) == len(record.teacher.token_ids) > 10
+        assert record.teacher.cached_tokens > 0  # the shots were served from the prefix cache
+    from harness.gate.divergence import divergence_test
+
+    _, other = run(records(INCIDENT_AXES | {"unified_memory": "off"}, "other-healthy"))
+    assert divergence_test(broken, healthy, 0.1, 0.1).share > 0.5
+    calm = divergence_test(other, healthy, 0.1, 0.1)
+    assert calm.beyond == 0 and 0 < calm.nats < 0.02  # two healthy configurations: numerics only

@@ -5,8 +5,9 @@ folder) and REGRESS_PLANT; with REGRESS_PLANT unset nothing is touched. Never on
   the launcher has installed its running-phase handler: sglang then logs "Scheduler hit an
   exception", and its launcher waits ~60 s "for CUDA coredumps" before exiting, even on a CPU.
 - `prefix_kv`: the incident's class of bug. A request that extends a prefix served from the radix
-  cache reads the wrong KV rows for that prefix (each position the row of the token before it: an
-  off-by-one; a permutation would not do, attention over post-RoPE keys ignores their order), in the
+  cache reads the wrong KV rows for that prefix (position i reads the row of position i // 2: the
+  first half of the prefix twice, the second half not at all; a permutation would not do, since
+  attention over post-RoPE keys ignores their order, nor would one row: it moves the output little), in the
   torch_native backend's extend; a request without a cache hit, and every decode step's own
   attention call, are untouched. Nothing raises: the server answers, only the numbers are wrong.
 """
@@ -23,12 +24,15 @@ TARGET = TARGETS.get(PLANT, "")
 
 
 def _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens):
-    """A copy of the request-to-KV-row map in which each cache-hit prefix reads, at every position
-    after its first, the row of the position before."""
+    """A copy of the request-to-KV-row map in which each cache-hit prefix reads, at position i, the
+    row of position i // 2."""
+    import torch
+
     rows = req_to_token.clone()
-    for pool_index, prefix in zip(req_pool_indices.tolist(), extend_prefix_lens.tolist()):
+    for pool_index, prefix in zip(req_pool_indices.tolist(), extend_prefix_lens.tolist(), strict=True):
         if prefix > 1:
-            rows[pool_index, 1:prefix] = req_to_token[pool_index, :prefix - 1]
+            halves = torch.arange(prefix, device=rows.device) // 2
+            rows[pool_index, :prefix] = req_to_token[pool_index, halves]
     return rows
 
 

@@ -1,0 +1,89 @@
+"""The teacher-forced divergence test against the reference (harness.gate.divergence) and how it
+joins the other tests of a verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.gate.divergence import divergence_test, question_divergence
+from harness.gate.verdict import Stage, judge
+from harness.records import Status, TeacherForced
+from harness.suite.config import DivergenceSpec, GateSpec
+from tests.records import answers, outcome
+
+TOKENS = list(range(40))
+
+
+def teacher(shift: float = 0.0, flips: int = 0, tokens: list[int] | None = None, **fields) -> TeacherForced:
+    ids = tokens or TOKENS
+    return TeacherForced(start=100, token_ids=ids, logprobs=[-1.0 - shift] * len(ids),
+                         top_ids=[-1] * flips + ids[flips:], **fields)
+
+
+def with_teachers(pattern: list[bool], shifts: list[float]) -> list:
+    return [record.model_copy(update={"teacher": teacher(shift)}) for record, shift in zip(answers(pattern), shifts, strict=True)]
+
+
+def test_a_question_diverges_by_its_mean_absolute_difference_per_token():
+    value, flips, positions = question_divergence(teacher(0.3, flips=4), teacher())
+    assert value == pytest.approx(0.3) and (flips, positions) == (4, 40)
+    assert question_divergence(teacher(), teacher(tokens=list(range(1, 41)))) is None  # tokenized otherwise
+    assert question_divergence(teacher(error="HTTP 404: Not Found"), teacher()) is None
+
+
+def test_healthy_numerics_pass_and_a_broken_prefix_cache_fails():
+    reference = with_teachers([True] * 30, [0.0] * 30)
+    healthy = with_teachers([True] * 30, [0.01] * 27 + [0.5] * 3)  # 3 of 30 beyond: a healthy share
+    broken = with_teachers([True] * 30, [0.8] * 30)
+    calm = divergence_test(healthy, reference, 0.1, 0.1)
+    assert calm.n == 30 and calm.beyond == 3 and calm.p > 0.5
+    wild = divergence_test(broken, reference, 0.1, 0.1)
+    assert wild.beyond == 30 and wild.p < 1e-20 and wild.nats == pytest.approx(0.8)
+    assert "30 of 30 questions beyond 0.1 nats/token" in wild.describe(1e-4) and "< 0.0001" in wild.describe(1e-4)
+    assert divergence_test(answers([True] * 5), reference, 0.1, 0.1) is None  # no teacher records: no test
+
+
+def test_questions_one_side_cannot_compare_are_counted_not_tested():
+    reference = with_teachers([True] * 10, [0.0] * 10)
+    cell = with_teachers([True] * 10, [0.0] * 10)
+    cell[0] = cell[0].model_copy(update={"teacher": teacher(tokens=list(range(5, 45)))})
+    found = divergence_test(cell, reference, 0.1, 0.1)
+    assert found.n == 9 and found.unpaired == 1 and "1 not comparable" in found.describe()
+
+
+GATE = GateSpec(alpha=0.01, extend_to=None)
+
+
+def test_a_cell_whose_answers_agree_but_whose_tokens_diverge_fails_on_divergence():
+    """Same accuracy as the reference (the bug changed no final answer): only divergence sees it."""
+    reference = outcome(with_teachers([True] * 40, [0.0] * 40))
+    cell = outcome(with_teachers([True] * 40, [0.6] * 40))
+    verdict = judge(cell, 0.8, GATE, Stage(alpha=1e-3), reference=reference)
+    assert verdict.status is Status.FAIL and verdict.accuracy == 1.0
+    assert "divergence vs reference: 40 of 40 questions beyond" in verdict.reason
+    assert verdict.divergence_share == 1.0 and verdict.divergence_p < 1e-30 and verdict.divergence_n == 40
+    healthy = judge(outcome(with_teachers([True] * 40, [0.01] * 40)), 0.8, GATE, Stage(alpha=1e-3), reference=reference)
+    assert healthy.status is Status.PASS and healthy.divergence_p == 1.0
+    assert "divergence vs reference: 0 of 40 questions beyond" in healthy.reason
+
+
+def test_the_models_tolerance_replaces_the_gates_and_the_test_can_be_turned_off():
+    reference = outcome(with_teachers([True] * 40, [0.0] * 40))
+    cell = outcome(with_teachers([True] * 40, [0.03] * 40))
+    assert judge(cell, 0.8, GATE, Stage(alpha=1e-3), reference=reference).status is Status.PASS  # 0.03 < 0.1
+    tight = judge(cell, 0.8, GATE, Stage(alpha=1e-3), reference=reference, divergence_tolerance=0.005)
+    assert tight.status is Status.FAIL and "beyond 0.005 nats/token" in tight.reason
+    off = GATE.model_copy(update={"divergence": DivergenceSpec(enabled=False)})
+    untested = judge(cell, 0.8, off, Stage(alpha=1e-3), reference=reference, divergence_tolerance=0.005)
+    assert untested.status is Status.PASS and untested.divergence_p is None and "divergence" not in untested.reason
+
+
+def test_the_divergence_test_takes_its_share_of_the_stages_alpha():
+    """One more test splits the stage's alpha one more way: the floor test's level halves."""
+    records = with_teachers([True] * 36 + [False] * 4, [0.0] * 40)
+    with_reference = judge(outcome(records), 0.8, GATE, Stage(alpha=1e-3), reference=outcome(records))
+    assert "p(drop > 1 pts)" in with_reference.reason and "divergence vs reference" in with_reference.reason
+    assert with_reference.status is Status.PASS
+    # floor, paired accuracy, divergence: alpha 1e-3 over three tests
+    assert judge(outcome(with_teachers([False] * 40, [0.0] * 40)), 0.8, GATE, Stage(alpha=1e-3),
+                 reference=outcome(records)).reason.count("< 0.00033") >= 1
