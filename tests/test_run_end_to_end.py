@@ -423,3 +423,36 @@ axes: {{attention_backend: [triton], unified_memory: [off, on]}}
     assert "enable_unified_memory" not in cells["dsv2.ab-triton.um-off"].resolved
     on = cells["dsv2.ab-triton.um-on"]  # the flag was passed: the server must say it honoured it
     assert on.status.value == "mismatch" and "enable_unified_memory: requested True, not reported" in on.reason
+
+
+def test_a_cell_that_starts_after_its_reference_stops_early_on_divergence(ray_local, tmp_path):
+    """A bug that changes no final answer (the incident's, style `unchanged`): accuracy cannot stop
+    the cell, but its slot holds the judged reference's teacher records and the divergence looks
+    stop it at the first look. One cell at a time (tp 2 on 2 GPUs), its reference first."""
+    world = tmp_path / "quiet.yaml"
+    world.write_text((ROOT / "configs" / "sim" / "incident.yaml").read_text().replace("style: mixed", "style: unchanged"))
+    suite = tmp_path / "quiet-suite.yaml"
+    suite.write_text(f"""
+suite: quiet
+engine: sim
+sim_world: {world}
+cluster: {{gpus: 2}}
+num_questions: 200
+concurrency: 8
+gate: {{extend_to: null}}
+models:
+  - {{id: kimi-linear, path: moonshotai/Kimi-Linear-48B-A3B-Instruct, tp: 2, floor: 0.85,
+     extra_args: [--mamba-radix-cache-strategy, extra_buffer], startup_timeout_s: 60}}
+axes: {{attention_backend: [triton, fa3], unified_memory: [off, on], radix_cache: [on]}}
+exclude: [{{attention_backend: fa3, unified_memory: off}}, {{attention_backend: triton, unified_memory: on}}]
+baseline: {{attention_backend: triton, unified_memory: off, radix_cache: on}}
+""")
+    result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking")
+    run_dir = only_run(tmp_path / "results")
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    broken = cells["kimi-linear.ab-fa3.um-on.rc-on"]
+    assert broken.status.value == "fail" and broken.stopped_early, broken.reason
+    assert "stopped early after the first 20 comparable questions of the seeded order: divergence" in broken.reason
+    assert broken.n < 200 and broken.accuracy > 0.8  # its answers were as good as ever
+    assert cells["kimi-linear.ab-triton.um-off.rc-on"].status.value == "pass"
+    assert result.exit_code == 1, result.output

@@ -6,7 +6,8 @@ of the cell's part of the run's `alpha`, and a union bound adds them up:
 
     alpha                                   the run's: P(any healthy cell fails) <= alpha
     └─ alpha / cells                        one cell's
-       ├─ × early_stop_share                its early-stop looks (split over the looks)
+       ├─ × early_stop_share                its early-stop looks (split over its sequential tests,
+       │                                    floor and divergence, then over their looks)
        └─ × (1 - early_stop_share)          its final tests
           ├─ × (1 - extension_share)        stage 1: the planned questions (split over its tests)
           └─ × extension_share              stage 2: all questions after an extension (ditto)

@@ -14,12 +14,18 @@ beyond, at the cell's share of the run's alpha like every other test of the cell
 cell; it cannot hold one undecided (a cell it does not reject is judged by its other tests).
 Questions are paired by (split, index); a question either side lacks, or whose continuation the
 two servers tokenized differently, is left out (counted in the reason).
+
+Early stop (`DivergenceStop`): when the reference was judged before a cell starts, the cell's slot
+gets the reference's teacher records and tests the first 20, 40, 80, ... comparable questions of
+the seeded order as they come back, at its share of the cell's early-stop alpha split over the looks
+(critical counts computed where scipy is loaded, so the worker compares integers), as the floor's
+looks do (harness.gate.sequential).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.records import QuestionRecord, TeacherForced
 
@@ -114,3 +120,69 @@ def divergence_test(cell: list[QuestionRecord], reference: list[QuestionRecord],
                       p=beyond_p(beyond, len(compared), healthy_share), nats=sum(values) / len(values),
                       top1=sum(flips for _, flips, _ in compared) / positions if positions else 0.0,
                       high=quantile(values, TOP_QUANTILE), unpaired=unpaired)
+
+
+Key = tuple[str, int]  # (split, index): a question's identity
+
+
+@dataclass(frozen=True)
+class DivergenceStop:
+    """The divergence test as a sequential test of one running cell, against its reference's records."""
+
+    reference: tuple[tuple[Key, TeacherForced], ...]
+    order: tuple[Key, ...]  # the plan's questions in its seeded order
+    tolerance: float
+    healthy_share: float
+    alpha: float  # for all its looks together
+    critical: tuple[tuple[int, int], ...] = field(init=False, default=())  # (look, least count beyond that rejects)
+
+    def __post_init__(self) -> None:
+        import numpy as np
+        from scipy.stats import binom
+
+        from harness.gate.sequential import looks
+
+        points = looks(len(self.order))
+        found = []
+        for n in points:
+            counts = np.arange(1, n + 1)
+            rejects = np.nonzero(binom.sf(counts - 1, n, self.healthy_share) < self.alpha / len(points))[0]
+            found.append((n, int(counts[rejects[0]]) if len(rejects) else n + 1))
+        object.__setattr__(self, "critical", tuple(found))
+
+
+class DivergenceLooks:
+    """`DivergenceStop` as answers come in, in any order: each look tests the first n comparable
+    questions of the seeded order once every question before them is back (the answers that come
+    back first are not a random sample). A question without a comparable teacher record is passed over."""
+
+    def __init__(self, rule: DivergenceStop) -> None:
+        self.rule = rule
+        self.reference = dict(rule.reference)
+        self.done: dict[Key, QuestionRecord] = {}
+        self.complete = 0
+        self.values: list[float] = []  # divergences of the comparable questions among them, in order
+        self.pending = list(rule.critical)
+
+    def add(self, record: QuestionRecord) -> str | None:
+        """One more result; a reason to stop when a look it completes rejects "healthy"."""
+        self.done[(record.split, record.index)] = record
+        order = self.rule.order
+        while self.complete < len(order) and order[self.complete] in self.done:
+            back = self.done[order[self.complete]]
+            theirs = self.reference.get(order[self.complete])
+            if back.error is None and back.teacher is not None and theirs is not None:
+                found = question_divergence(back.teacher, theirs)
+                if found is not None:
+                    self.values.append(found[0])
+            self.complete += 1
+        while self.pending and self.pending[0][0] <= len(self.values):
+            n, least = self.pending.pop(0)
+            beyond = sum(value > self.rule.tolerance for value in self.values[:n])
+            if beyond >= least:
+                level = self.rule.alpha / len(self.rule.critical)
+                return (f"stopped early after the first {n} comparable questions of the seeded order: divergence "
+                        f"vs reference: {beyond} of {n} beyond {self.rule.tolerance:.3g} nats/token (at least {least} "
+                        f"of {n} rejects healthy <= {self.rule.healthy_share:.0%} at p < {level:.2g}: alpha "
+                        f"{self.rule.alpha:.2g} split over {len(self.rule.critical)} looks)")
+        return None

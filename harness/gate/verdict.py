@@ -164,7 +164,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     alpha = stage.alpha / max(tests, 1)
     reasons = [f"accuracy {correct / n:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
     status = Status.PASS
-    if outcome.stopped_early:  # the sequential test rejected the floor, at its own share of the budget
+    if outcome.stopped_early:  # a sequential test (floor or divergence) rejected, at its own share of the budget
         status = Status.FAIL
         reasons.append(outcome.stopped_early)
     floor_part, floor_p = _floor_part(test_answers, floor, alpha, floor_tested)

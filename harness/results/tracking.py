@@ -42,6 +42,19 @@ CELL_METRIC_COLUMNS = ("accuracy", "ci_low", "ci_high", "n", "invalid_rate", "mc
 RUN_METRIC_COLUMNS = ("cells_fail", "cells_inconclusive", "cells_error", "cells_mismatch", "cells_pass")
 
 
+def _question_row(record: QuestionRecord) -> dict[str, Any]:
+    """A question as one row of the MLflow table: the teacher-forced pass summarised (its tokens'
+    log-probabilities stay in the results folder's questions/<cell>.jsonl; the divergence test
+    reads them there, from the same run, and nothing reads them back from MLflow)."""
+    row = record.model_dump(exclude={"teacher"})
+    teacher = record.teacher
+    if teacher is not None:
+        row |= {"teacher_tokens": len(teacher.token_ids), "teacher_cached_tokens": teacher.cached_tokens,
+                "teacher_mean_logprob": sum(teacher.logprobs) / len(teacher.logprobs) if teacher.logprobs else None,
+                "teacher_error": teacher.error}
+    return row
+
+
 def shared_views(factors: list[str]) -> dict[str, dict[str, Any]]:
     """The view states of the two links a run prints: its cells, lowest accuracy first, with their
     metrics, factors and verdict as columns; and the suite's runs, newest first, with their verdicts."""
@@ -239,7 +252,7 @@ class Tracker:
             import pandas
 
             # The rows the earlier judgement lacked go to a table of their own (see archive's artifacts).
-            table = pandas.DataFrame([q.model_dump() for q in questions[already:]])
+            table = pandas.DataFrame([_question_row(q) for q in questions[already:]])
             name = EXTENSION_QUESTIONS_ARTIFACT if already else QUESTIONS_ARTIFACT
             self._call("logging the question table", self._client.log_table, run_id, table, name)
         if server_info and logged is None:

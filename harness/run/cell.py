@@ -16,6 +16,7 @@ from harness.engine.launch import LaunchSpec
 from harness.engine.server import ServerProcess
 from harness.engine.verify import exercise_mismatches, mismatches
 from harness.errors import ErrorKind, ServerError
+from harness.gate.divergence import DivergenceLooks, DivergenceStop
 from harness.gate.sequential import EarlyStop, Looks
 from harness.records import CellError, CellOutcome, QuestionRecord, ServerInfo, Timings
 
@@ -29,6 +30,7 @@ class CellJob:
     queued_at: float  # driver's wall clock when the cell was submitted
     stall_timeout_s: float = 300.0
     early_stop: EarlyStop | None = None
+    divergence_stop: DivergenceStop | None = None  # when the reference was judged before the cell started
 
 
 def read_log(path: Path) -> str:
@@ -47,8 +49,10 @@ def read_log(path: Path) -> str:
 class _Watch:
     """Progress and early-stop bookkeeping for one evaluation."""
 
-    def __init__(self, early_stop: EarlyStop | None) -> None:
-        self.looks = Looks(early_stop) if early_stop else None
+    def __init__(self, early_stop: EarlyStop | None, divergence_stop: DivergenceStop | None = None) -> None:
+        self.looks: list[Looks | DivergenceLooks] = [Looks(early_stop)] if early_stop else []
+        if divergence_stop is not None:
+            self.looks.append(DivergenceLooks(divergence_stop))
         self.seen = 0
         self.last_progress = time.monotonic()
         self.stop_reason: str | None = None
@@ -57,14 +61,15 @@ class _Watch:
         self.last_progress = time.monotonic()
 
     def should_stop(self, records: list[QuestionRecord]) -> bool:
-        if self.looks is None:
+        if not self.looks:
             return False
         new, self.seen = records[self.seen:], len(records)  # the evaluator appends: only these are new
         for record in new:
-            reason = self.looks.add(record)
-            if reason:
-                self.stop_reason = reason
-                return True
+            for looks in self.looks:
+                reason = looks.add(record)
+                if reason:
+                    self.stop_reason = reason
+                    return True
         return False
 
 
@@ -79,7 +84,7 @@ async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info
     problems = mismatches(cell.expected, raw_info, server.argv)
     if problems:
         return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, mismatches=problems)
-    watch = _Watch(job.early_stop)
+    watch = _Watch(job.early_stop, job.divergence_stop)
     score, records = await server.guard(
         evaluate(server.base_url, plan, job.settings, on_progress=watch.on_progress, should_stop=watch.should_stop),
         progress=lambda: watch.last_progress, stall_timeout_s=job.stall_timeout_s)

@@ -82,6 +82,12 @@ class Gating:
     def answers(self, cell_id: str) -> CellOutcome | None:
         return self._answers.get(cell_id)
 
+    def vouching_answers(self, cell: Cell) -> CellOutcome | None:
+        """The answers of `cell`'s reference, when it has been judged on them and can vouch for the cell."""
+        if cell.reference_cell is None or self._reference_problem(cell, missing=False):
+            return None
+        return self._answers.get(cell.reference_cell)
+
     def has_regression(self) -> bool:
         return any(result.status.is_regression for result in self._results.values())
 

@@ -23,6 +23,7 @@ from harness.benchmark.evaluator import EvalSettings
 from harness.engine.launch import cell_launch_spec, planned_argv
 from harness.gate.attribution import explain
 from harness.gate.budget import Budget
+from harness.gate.divergence import DivergenceStop
 from harness.gate.sequential import EarlyStop
 from harness.gate.stats import preload as preload_statistics
 from harness.records import CellOutcome, CellResult, ExitCode, RunInfo, Status, latest_per_cell, run_exit_code
@@ -76,6 +77,8 @@ class CellJobs:
 
     inputs: RunInputs
     queued_at: dict[str, float] = field(default_factory=dict)
+    # The answers of a cell's reference when they are in hand (harness.run.gating.Gating.vouching_answers).
+    references: Callable[[Cell], CellOutcome | None] = lambda cell: None
 
     def queue(self, cells: list[Cell]) -> None:
         for cell in cells:
@@ -87,14 +90,26 @@ class CellJobs:
         settings = EvalSettings(concurrency=suite.concurrency, request_timeout_s=suite.request_timeout_s,
                                 max_attempts=suite.request_attempts, model_name="default",
                                 teacher_forcing=suite.gate.divergence.enabled)
-        early_stop = None
+        early_stop = divergence_stop = None
         budget = run_budget(self.inputs)
+        diverges = suite.gate.divergence.enabled and cell.reference_cell is not None
+        # The early-stop share is split evenly over the sequential tests a cell can make (a union bound).
+        share = budget.early_stop / max(1, (cell.model.floor > 0) + diverges)
         if budget.early_stop > 0:
             # The looks test the floor, which holds for test questions: they look at those alone.
             test = self.inputs.plan.test_indices()
-            early_stop = EarlyStop(cell.model.floor, len(test), budget.early_stop, suite.gate.extraction, order=test)
+            early_stop = EarlyStop(cell.model.floor, len(test), share, suite.gate.extraction, order=test)
+            reference = self.references(cell) if diverges else None
+            if reference is not None:
+                spec_of = suite.gate.divergence
+                divergence_stop = DivergenceStop(
+                    reference=tuple(((r.split, r.index), r.teacher) for r in reference.questions
+                                    if r.error is None and r.teacher is not None),
+                    order=tuple((p.split, p.index) for p in self.inputs.plan.prompts),
+                    tolerance=cell.model.divergence_tolerance or spec_of.tolerance,
+                    healthy_share=spec_of.healthy_share, alpha=share)
         return CellJob(spec=spec, settings=settings, queued_at=self.queued_at[cell.cell_id],
-                       stall_timeout_s=suite.stall_timeout_s, early_stop=early_stop)
+                       stall_timeout_s=suite.stall_timeout_s, early_stop=early_stop, divergence_stop=divergence_stop)
 
 
 def run_budget(inputs: RunInputs) -> Budget:
@@ -150,7 +165,7 @@ class _Schedule:
         self.durations = Durations(history.latest())
         first = failed_first(list(inputs.matrix.cells), history, suite.cluster.failed_first)
         self.order = lambda cells: priority_order(cells, self.durations, first)
-        self.jobs = CellJobs(inputs)
+        self.jobs = CellJobs(inputs, references=gating.vouching_answers)
         self.scheduler = Scheduler(suite.cluster, self.durations, self.order, lambda cell: priority_class(cell, first),
                                    self.jobs, console, options.quiet, stopping=lambda: stop.requested)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.gate.divergence import divergence_test, question_divergence
+from harness.gate.divergence import DivergenceLooks, DivergenceStop, divergence_test, question_divergence
 from harness.gate.verdict import Stage, judge
 from harness.records import Status, TeacherForced
 from harness.suite.config import DivergenceSpec, GateSpec
@@ -87,3 +87,29 @@ def test_the_divergence_test_takes_its_share_of_the_stages_alpha():
     # floor, paired accuracy, divergence: alpha 1e-3 over three tests
     assert judge(outcome(with_teachers([False] * 40, [0.0] * 40)), 0.8, GATE, Stage(alpha=1e-3),
                  reference=outcome(records)).reason.count("< 0.00033") >= 1
+
+
+def stop_rule(reference: list, total: int = 200) -> DivergenceStop:
+    return DivergenceStop(reference=tuple(((r.split, r.index), r.teacher) for r in reference),
+                          order=tuple(("test", i) for i in range(total)), tolerance=0.1, healthy_share=0.1, alpha=1e-5)
+
+
+def test_the_divergence_looks_stop_a_diverged_cell_at_the_first_look_and_never_a_healthy_one():
+    reference = with_teachers([True] * 200, [0.0] * 200)
+    rule = stop_rule(reference)
+    assert [n for n, _ in rule.critical] == [20, 40, 80, 160]
+    looks = DivergenceLooks(rule)
+    reasons = [looks.add(r) for r in reversed(with_teachers([True] * 200, [0.5] * 200)[:20])]
+    assert reasons[:-1] == [None] * 19  # back out of order: the look waits for the first 20 of the seeded order
+    assert reasons[-1].startswith("stopped early after the first 20 comparable questions of the seeded order")
+    healthy = DivergenceLooks(rule)
+    assert not any(healthy.add(r) for r in with_teachers([True] * 200, [0.01] * 180 + [0.5] * 20))
+
+
+def test_the_divergence_looks_pass_over_questions_they_cannot_compare():
+    reference = with_teachers([True] * 40, [0.0] * 40)
+    looks = DivergenceLooks(stop_rule(reference, total=40))
+    cell = with_teachers([True] * 40, [0.5] * 40)
+    cell[3] = cell[3].model_copy(update={"teacher": TeacherForced(error="HTTP 404")})
+    reasons = [looks.add(r) for r in cell[:21]]
+    assert reasons[:20] == [None] * 20 and reasons[20] is not None  # 20 comparable only after 21 back
