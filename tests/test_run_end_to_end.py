@@ -428,7 +428,7 @@ axes: {{attention_backend: [triton], unified_memory: [off, on]}}
 def test_a_cell_that_starts_after_its_reference_stops_early_on_divergence(ray_local, tmp_path):
     """A bug that changes no final answer (the incident's, style `unchanged`): accuracy cannot stop
     the cell, but its slot holds the judged reference's teacher records and the divergence looks
-    stop it at the first look. One cell at a time (tp 2 on 2 GPUs), its reference first."""
+    stop it at the first look. One cell at a time (tp 8 on the test cluster's 8 GPUs), its reference first."""
     world = tmp_path / "quiet.yaml"
     world.write_text((ROOT / "configs" / "sim" / "incident.yaml").read_text().replace("style: mixed", "style: unchanged"))
     suite = tmp_path / "quiet-suite.yaml"
@@ -436,12 +436,11 @@ def test_a_cell_that_starts_after_its_reference_stops_early_on_divergence(ray_lo
 suite: quiet
 engine: sim
 sim_world: {world}
-cluster: {{gpus: 2}}
 num_questions: 200
 concurrency: 8
 gate: {{extend_to: null}}
 models:
-  - {{id: kimi-linear, path: moonshotai/Kimi-Linear-48B-A3B-Instruct, tp: 2, floor: 0.85,
+  - {{id: kimi-linear, path: moonshotai/Kimi-Linear-48B-A3B-Instruct, tp: 8, floor: 0.85,
      extra_args: [--mamba-radix-cache-strategy, extra_buffer], startup_timeout_s: 60}}
 axes: {{attention_backend: [triton, fa3], unified_memory: [off, on], radix_cache: [on]}}
 exclude: [{{attention_backend: fa3, unified_memory: off}}, {{attention_backend: triton, unified_memory: on}}]

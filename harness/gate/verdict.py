@@ -158,7 +158,9 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     low, high = wilson_interval(correct, n)
     found = _comparisons(answers, gate, {"reference": reference, "the last passing run": history,
                                          "the pinned run": pinned})
-    diverged = _divergence(outcome, reference, gate, divergence_tolerance)
+    # Against a reference that cannot vouch (it failed, errored, stopped early), every healthy cell
+    # would diverge: the test is not made, and the cell is held open below like any other.
+    diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and bool(test_answers)
     tests = floor_tested + len(found) + (diverged is not None)
     alpha = stage.alpha / max(tests, 1)

@@ -82,6 +82,9 @@ class Gating:
     def answers(self, cell_id: str) -> CellOutcome | None:
         return self._answers.get(cell_id)
 
+    def judged(self, cell_id: str) -> bool:
+        return cell_id in self._results
+
     def vouching_answers(self, cell: Cell) -> CellOutcome | None:
         """The answers of `cell`'s reference, when it has been judged on them and can vouch for the cell."""
         if cell.reference_cell is None or self._reference_problem(cell, missing=False):

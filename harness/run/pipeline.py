@@ -77,8 +77,24 @@ class CellJobs:
 
     inputs: RunInputs
     queued_at: dict[str, float] = field(default_factory=dict)
-    # The answers of a cell's reference when they are in hand (harness.run.gating.Gating.vouching_answers).
-    references: Callable[[Cell], CellOutcome | None] = lambda cell: None
+    # Whether a cell has been judged, and its answers when it can vouch for a given cell (Gating's).
+    judged: Callable[[str], bool] = lambda cell_id: False
+    vouching: Callable[[Cell], CellOutcome | None] = lambda cell: None
+    measured: dict[str, CellOutcome] = field(default_factory=dict)  # back from a slot, not judged yet
+
+    def notice(self, cell: Cell, outcome: CellOutcome) -> None:
+        """A finished cell's outcome, before it is judged (the scheduler places the next cells first)."""
+        if outcome.error is None and not outcome.mismatches and not outcome.stopped_early and outcome.score:
+            self.measured[cell.cell_id] = outcome
+
+    def reference_answers(self, cell: Cell) -> CellOutcome | None:
+        """The reference's answers for `cell`'s divergence early stop: once judged, only when it can
+        vouch for the cell; before that, when it came back measured and was not stopped early."""
+        if cell.reference_cell is None:
+            return None
+        if self.judged(cell.reference_cell):
+            return self.vouching(cell)
+        return self.measured.get(cell.reference_cell)
 
     def queue(self, cells: list[Cell]) -> None:
         for cell in cells:
@@ -99,7 +115,7 @@ class CellJobs:
             # The looks test the floor, which holds for test questions: they look at those alone.
             test = self.inputs.plan.test_indices()
             early_stop = EarlyStop(cell.model.floor, len(test), share, suite.gate.extraction, order=test)
-            reference = self.references(cell) if diverges else None
+            reference = self.reference_answers(cell) if diverges else None
             if reference is not None:
                 spec_of = suite.gate.divergence
                 divergence_stop = DivergenceStop(
@@ -165,9 +181,10 @@ class _Schedule:
         self.durations = Durations(history.latest())
         first = failed_first(list(inputs.matrix.cells), history, suite.cluster.failed_first)
         self.order = lambda cells: priority_order(cells, self.durations, first)
-        self.jobs = CellJobs(inputs, references=gating.vouching_answers)
+        self.jobs = CellJobs(inputs, judged=gating.judged, vouching=gating.vouching_answers)
         self.scheduler = Scheduler(suite.cluster, self.durations, self.order, lambda cell: priority_class(cell, first),
-                                   self.jobs, console, options.quiet, stopping=lambda: stop.requested)
+                                   self.jobs, console, options.quiet, stopping=lambda: stop.requested,
+                                   measured=self.jobs.notice)
 
     def run(self, cells: list[Cell], plan: ProtocolPlan | None = None, on_outcome: Any = None,
             label: str | None = None) -> None:

@@ -113,3 +113,13 @@ def test_the_divergence_looks_pass_over_questions_they_cannot_compare():
     cell[3] = cell[3].model_copy(update={"teacher": TeacherForced(error="HTTP 404")})
     reasons = [looks.add(r) for r in cell[:21]]
     assert reasons[:20] == [None] * 20 and reasons[20] is not None  # 20 comparable only after 21 back
+
+
+def test_a_reference_that_cannot_vouch_is_not_diverged_from():
+    """Every healthy cell diverges from a broken reference: the test is not made, the cell is held open."""
+    reference = outcome(with_teachers([True] * 40, [0.9] * 40))
+    cell = outcome(with_teachers([True] * 40, [0.0] * 40))
+    verdict = judge(cell, 0.8, GATE, Stage(alpha=1e-3), reference=reference,
+                    reference_problem="reference broken: m.ref is fail")
+    assert verdict.status is Status.INCONCLUSIVE and verdict.divergence_p is None
+    assert "divergence" not in verdict.reason

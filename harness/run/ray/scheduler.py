@@ -67,11 +67,14 @@ class _Running:
 
 class Scheduler:
     """Runs cells on Ray GPUs. `order` gives the queue's priority order, `priority_class` the part
-    of it planning must keep (recent failures first), `job` what a placed cell's slot runs."""
+    of it planning must keep (recent failures first), `job` what a placed cell's slot runs;
+    `measured`, if given, hears each finished outcome as soon as it is back, before the next cells
+    are placed (their jobs may use it: a cell's divergence early stop needs its reference's answers)."""
 
     def __init__(self, cluster: ClusterSpec, durations: Durations, order: Callable[[list[Cell]], list[Cell]],
                  priority_class: Callable[[Cell], Hashable], job: Callable[[Cell, tuple[str, ...]], CellJob],
-                 console: Console, quiet: bool, stopping: Callable[[], bool]) -> None:
+                 console: Console, quiet: bool, stopping: Callable[[], bool],
+                 measured: Callable[[Cell, CellOutcome], None] | None = None) -> None:
         self.cluster = cluster
         self.durations = durations
         self.order = order
@@ -80,6 +83,7 @@ class Scheduler:
         self.console = console
         self.quiet = quiet
         self.stopping = stopping
+        self.measured = measured
         self.expected_end: float | None = None  # the last forecast of when the queue ends
 
     def run(self, todo: list[Cell], plan: ProtocolPlan, on_outcome: OnOutcome, label: str) -> None:
@@ -144,6 +148,8 @@ class Scheduler:
                 retry.append(entry.cell)
             else:
                 finished.append((entry.cell, outcome, log))
+                if self.measured is not None:
+                    self.measured(entry.cell, outcome)
         return retry, finished
 
     def _progress(self) -> Progress:
