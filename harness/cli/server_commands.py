@@ -14,7 +14,7 @@ from harness.errors import ConfigError
 @app.command("eval")
 def eval_server(
     base_url: Annotated[str, typer.Option(help="The running server, e.g. http://127.0.0.1:30000")],
-    protocol: Annotated[str, typer.Option(help="clean, sglang-run-eval (sglang CI's GSM8KEval), sglang-fewshot (its older test) or chat.")] = "clean",
+    protocol: Annotated[str, typer.Option(help="clean, sglang-run-eval (sglang CI's GSM8KEval), sglang-fewshot (its older test), chat or mixed-prefix (radix cells).")] = "clean",
     num_questions: Annotated[int | None, typer.Option(help="Questions (default: all 1319).")] = None,
     seed: Annotated[int, typer.Option(help="Question subset and order.")] = 0,
     max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 512,

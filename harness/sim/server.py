@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from harness.benchmark.gsm8k.protocol import clean_solution
 from harness.sim.world import Decision, Fault, World, unit_hash
 
 _QUESTION_MARK = "Question:"
+_EXAMPLE_END = re.compile(r"(?<=\n\n)(?=Question:)")  # between the examples of a few-shot prefix
 
 
 @dataclass
@@ -108,13 +110,25 @@ async def _faults_before_answer(state: SimState, number: int) -> web.Response | 
     return None
 
 
-def _prefix_hit(state: SimState, prefix: str) -> bool:
-    """Whether the radix cache holds this shared prefix already (and, radix on, remember it now)."""
-    key = hashlib.sha1(prefix.encode()).hexdigest()
-    prefix_hit = bool(prefix) and not state.resolved["disable_radix_cache"] and key in state.prefixes
-    if not state.resolved["disable_radix_cache"] and prefix:
+def _cached_chars(state: SimState, prefix: str) -> int:
+    """How much of this few-shot prefix the radix cache holds already, in characters, and (radix
+    on) remember all of it now. The simulated cache works in whole examples: it holds every chain
+    of examples it has seen from a prompt's start, and a prompt hits the longest chain it begins
+    with, so prompts that share their first k shots share a cached prefix (the mixed-prefix protocol)."""
+    if not prefix or state.resolved["disable_radix_cache"]:
+        return 0
+    cached = length = 0
+    chain = hashlib.sha1()
+    for example in _EXAMPLE_END.split(prefix):
+        if not example:
+            continue
+        chain.update(example.encode())
+        length += len(example)
+        key = chain.hexdigest()
+        if key in state.prefixes and cached == length - len(example):
+            cached = length
         state.prefixes.add(key)
-    return prefix_hit
+    return cached
 
 
 async def _serve(state: SimState, number: int, prefill_tokens: int, completion_tokens: int) -> None:
@@ -136,7 +150,8 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
                   chat: bool, number: int = 0) -> tuple[str, str, int, int, int]:
     """(text, finish_reason, prompt_tokens, completion_tokens, cached prompt tokens) after the
     simulated service time."""
-    prefix_hit = _prefix_hit(state, prefix)
+    cached_chars = _cached_chars(state, prefix)
+    prefix_hit = cached_chars > 0
     empty = any(unit_hash(state.world.seed, "empty", question) < f.empty_output_rate for f in state.faults)
     decision = Decision("empty") if empty else state.world.decide(state.model_path, question, state.resolved,
                                                                     prefix_hit, os.environ.get("REGRESS_SIM_COMMIT"))
@@ -145,7 +160,7 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
     reason = "stop" if stopped else reason
     prompt_tokens = (len(prefix) + len(question)) // 4 + 1
     completion_tokens = len(text) // 4 + (1 if text else 0)
-    cached = len(prefix) // 4 if prefix_hit else 0
+    cached = cached_chars // 4
     await _serve(state, number, prompt_tokens - cached, completion_tokens)
     return text, reason, prompt_tokens, completion_tokens, cached
 
@@ -156,10 +171,10 @@ async def _teacher_forced(state: SimState, text: str, start: int, number: int) -
     a log-probability, as sglang returns them. The continuation is what follows the last "Answer:"."""
     prefix, question = split_prompt(text)
     continuation = text.rpartition("\nAnswer:")[2]
-    prefix_hit = _prefix_hit(state, prefix)
-    scores = state.world.teacher_forced(state.model_path, question, continuation, state.resolved, prefix_hit,
+    cached_chars = _cached_chars(state, prefix)
+    scores = state.world.teacher_forced(state.model_path, question, continuation, state.resolved, cached_chars > 0,
                                         os.environ.get("REGRESS_SIM_COMMIT"))
-    cached = len(prefix) // 4 if prefix_hit else 0
+    cached = cached_chars // 4
     prompt_tokens = start + 1 + len(scores.token_ids)
     await _serve(state, number, prompt_tokens - cached, 0)
     entries = [[None, 0, None], *([lp, token, None] for lp, token in zip(scores.logprobs, scores.token_ids, strict=True))]

@@ -99,3 +99,23 @@ def test_run_eval_grades_numbers_not_strings(gsm8k):
     plan = build_plan(gsm8k, "sglang-run-eval", 5, 0)
     gold = plan.prompts[0].gold
     assert plan.grade(f"#### {gold}.00", gold).correct and not plan.grade("#### -1", gold).correct
+
+
+def test_mixed_prefix_prompts_share_partial_prefixes_of_many_lengths(gsm8k):
+    plan = build_plan(gsm8k, "mixed-prefix", 200, 0)
+    clean = build_plan(gsm8k, "clean", 200, 0)
+    assert [p.index for p in plan.prompts] == [p.index for p in clean.prompts]  # the clean questions
+    assert plan.shot_indices[:5] == clean.shot_indices and len(plan.shot_indices) == 15
+    prefixes = [p.text.rpartition("Question: ")[0] for p in plan.prompts]
+    shots = [p.text.count("Question: ") - 1 for p in plan.prompts]
+    assert set(shots) == set(range(0, 9))  # 0-5 shots and 0-3 more examples: every length from 0 to 8
+    assert len(set(prefixes)) > 100  # almost every full prefix is its own
+    first_shot = clean.prompts[0].text.split("\n\n")[0]
+    assert sum(prefix.startswith(first_shot) for prefix in prefixes) > 100  # yet most share the first shot
+    assert all(p.teacher and p.teacher.startswith(" ") for p in plan.prompts)
+    asked = {p.index for p in plan.prompts}
+    train_questions = [p for p in build_plan(gsm8k, "mixed-prefix", 1319 + 50, 0).prompts if p.split == "train"]
+    assert not {p.index - 100_000 for p in train_questions} & set(plan.shot_indices)  # never a shot or a tail
+    (extra,) = extension_plan(gsm8k, plan, 1).prompts
+    assert extra.index not in asked and extra.text.endswith("\nAnswer:")
+    assert build_plan(gsm8k, "mixed-prefix", 200, 0).prompts == plan.prompts  # deterministic

@@ -172,3 +172,17 @@ def test_teacher_forcing_sees_a_prefix_cache_bug_that_changes_no_answer(tmp_path
     assert divergence_test(broken, healthy, 0.1, 0.1).share > 0.5
     calm = divergence_test(other, healthy, 0.1, 0.1)
     assert calm.beyond == 0 and 0 < calm.nats < 0.02  # two healthy configurations: numerics only
+
+
+def test_the_simulated_radix_cache_hits_mixed_prefixes_at_many_depths(tmp_path, gsm8k):
+    """As a radix tree does: a prompt reuses the longest chain of examples an earlier one began with."""
+    cell = make_cell({"attention_backend": "triton", "radix_cache": "on"}, KIMI, tp=2, extra_args=KIMI_ARGS)
+
+    async def scenario():
+        async with ServerProcess(sim_spec(cell), tmp_path / "s.log") as server:
+            return await evaluate(server.base_url, build_plan(gsm8k, "mixed-prefix", 60, 0),
+                                  EvalSettings(concurrency=1, teacher_forcing=False))
+
+    _, records = run(scenario())
+    cached = [r.cached_tokens for r in records]
+    assert 0 in cached and len({c for c in cached if c}) >= 4, cached  # misses, and hits of several lengths

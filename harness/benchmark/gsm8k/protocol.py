@@ -11,6 +11,14 @@
   `/v1/completions` with sglang's stop list, and its extraction (the number after the first `####`,
   else the last number; signs and decimals kept, compared as numbers).
 - `chat`: the clean questions and shots as chat turns through `/v1/chat/completions`.
+- `mixed-prefix`: the clean questions, each after its own prefix: the first k of the 5 clean shots
+  (k drawn per question, 0-5) and then m of 10 more train examples (m drawn, 0-3, in a drawn
+  order). Questions that drew k1 <= k2 share the first k1 shots, so a radix cache is hit at many
+  depths and branches there, and each full prefix is almost always unique, as sglang's
+  `MixedPrefixGSM8KEval` does for its radix tests (its own draws, not its prompts). For radix cells.
+
+Each prompt but chat's carries its teacher text (the question's reference solution, in the shots'
+format) for the teacher-forced divergence test (harness.gate.divergence).
 
 Every plan carries a fingerprint: results with different fingerprints are not comparable.
 """
@@ -39,6 +47,7 @@ class ProtocolName(str, Enum):
     SGLANG_FEWSHOT = "sglang-fewshot"
     SGLANG_RUN_EVAL = "sglang-run-eval"
     CHAT = "chat"
+    MIXED_PREFIX = "mixed-prefix"
 
     def __str__(self) -> str:
         return self.value
@@ -70,9 +79,12 @@ def grade_sglang_run_eval(output: str, gold: str) -> Grade:
 
 
 _GRADERS = {ProtocolName.CLEAN: grade_flexible, ProtocolName.CHAT: grade_flexible,
+            ProtocolName.MIXED_PREFIX: grade_flexible,
             ProtocolName.SGLANG_FEWSHOT: grade_sglang_integer, ProtocolName.SGLANG_RUN_EVAL: grade_sglang_run_eval}
 # Their questions are fixed by sglang's tests: no clean extension.
-_EXTENSIBLE = {ProtocolName.CLEAN, ProtocolName.CHAT}
+_EXTENSIBLE = {ProtocolName.CLEAN, ProtocolName.CHAT, ProtocolName.MIXED_PREFIX}
+MIXED_SECONDARY = 10  # train examples, besides the shots, that mixed-prefix prefixes draw their tails from
+MIXED_TAIL = 3  # at most this many of them in one prefix
 
 
 def clean_solution(solution: str) -> str:
@@ -108,10 +120,20 @@ def _chosen(data: Gsm8k, shots: list[int], num_questions: int | None, seed: int)
     return test + train
 
 
+def _mixed_prefix(data: Gsm8k, shots: tuple[int, ...] | list[int], seed: int, index: int) -> str:
+    """A mixed-prefix question's own prefix: the first k shots, then m secondary examples
+    (`shots` holds the NUM_SHOTS shots, then the secondary pool); drawn from the question's index,
+    so an extension draws the same way."""
+    primary, secondary = list(shots[:NUM_SHOTS]), list(shots[NUM_SHOTS:])
+    draw = random.Random(f"{seed}:mixed-prefix:{index}")
+    chosen = primary[:draw.randint(0, len(primary))] + draw.sample(secondary, draw.randint(0, MIXED_TAIL))
+    return "".join(_clean_example(data.train[i]) for i in chosen)
+
+
 def _prompt(name: ProtocolName, index: int, problem: Problem, prefix: str,
             turns: tuple[tuple[str, str], ...]) -> Prompt:
     split = TRAIN_SPLIT if index >= EXTENSION_INDEX_OFFSET else "test"
-    if name == ProtocolName.CLEAN:
+    if name in (ProtocolName.CLEAN, ProtocolName.MIXED_PREFIX):
         return Prompt(index, problem.gold, prefix + f"Question: {problem.question}\nAnswer:", split=split,
                       teacher=" " + clean_solution(problem.solution))
     return Prompt(index, problem.gold, messages=(*turns, ("user", f"Question: {problem.question}")), split=split)
@@ -139,6 +161,12 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
                    for i in range(count)]
         return _finish(data, ProtocolName.SGLANG_FEWSHOT, "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
     shots = sorted(random.Random(seed).sample(range(len(data.train)), NUM_SHOTS))
+    if name == ProtocolName.MIXED_PREFIX:
+        others = [i for i in range(len(data.train)) if i not in set(shots)]
+        shots += random.Random(seed + 2).sample(others, MIXED_SECONDARY)
+        prompts = [_prompt(name, index, problem, _mixed_prefix(data, shots, seed, index), ())
+                   for index, problem in _chosen(data, shots, num_questions, seed)]
+        return _finish(data, ProtocolName.MIXED_PREFIX, "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
     prefix, turns = _shots(name, data, shots)
     prompts = [_prompt(name, index, problem, prefix, turns) for index, problem in _chosen(data, shots, num_questions, seed)]
     if name == "clean":
@@ -202,8 +230,10 @@ def extension_plan(data: Gsm8k, plan: ProtocolPlan, count: int) -> ProtocolPlan 
     chosen += [(EXTENSION_INDEX_OFFSET + i, data.train[i]) for i in _train_pool(data, plan.shot_indices, plan.seed)
                if EXTENSION_INDEX_OFFSET + i not in asked]
     name = ProtocolName(plan.name)
-    prefix, turns = _shots(name, data, plan.shot_indices)
-    prompts = [_prompt(name, index, problem, prefix, turns) for index, problem in chosen[:count]]
+    prefix, turns = _shots(name, data, plan.shot_indices) if name != ProtocolName.MIXED_PREFIX else ("", ())
+    prompts = [_prompt(name, index, problem,
+                       _mixed_prefix(data, plan.shot_indices, plan.seed, index) if name == ProtocolName.MIXED_PREFIX
+                       else prefix, turns) for index, problem in chosen[:count]]
     return ProtocolPlan(**{**plan.__dict__, "prompts": tuple(prompts), "fingerprint": plan.fingerprint + "+ext"})
 
 
