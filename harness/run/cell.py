@@ -30,7 +30,7 @@ class CellJob:
     queued_at: float  # driver's wall clock when the cell was submitted
     stall_timeout_s: float = 300.0
     early_stop: EarlyStop | None = None
-    divergence_stop: DivergenceStop | None = None  # when the reference was judged before the cell started
+    divergence_stop: DivergenceStop | None = None  # when the reference came back before the cell started
 
 
 def read_log(path: Path) -> str:

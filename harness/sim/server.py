@@ -55,14 +55,25 @@ def split_prompt(text: str) -> tuple[str, str]:
     return text[:start], question.strip()
 
 
+_BOXED_REQUEST = "\\boxed{}."  # what sgl-eval's zero-shot prompt asks, before a blank line and the problem
+
+
 def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
     last = str(messages[-1].get("content", "")) if messages else ""
+    if _BOXED_REQUEST in last:
+        last = last.split(_BOXED_REQUEST, 1)[1]
     question = last.strip().removeprefix(_QUESTION_MARK).strip()
     return json.dumps(messages[:-1], sort_keys=True), question
 
 
-def compose(state: SimState, decision: Decision, question: str, max_tokens: int, chat: bool) -> tuple[str, str]:
-    """The answer text for a decision, and its finish reason."""
+def asks_for_boxed(messages: list[dict[str, Any]]) -> bool:
+    return bool(messages) and _BOXED_REQUEST in str(messages[-1].get("content", ""))
+
+
+def compose(state: SimState, decision: Decision, question: str, max_tokens: int, chat: bool,
+            boxed: bool = False) -> tuple[str, str]:
+    """The answer text for a decision, and its finish reason (the final number in `\\boxed{}` when
+    the prompt asked for it)."""
     problem = state.answers.get(question)
     if decision.kind == "empty":
         return "", "stop"
@@ -75,7 +86,8 @@ def compose(state: SimState, decision: Decision, question: str, max_tokens: int,
     if decision.kind == "wrong":
         offset = 1 + int(unit_hash(state.world.seed, question, "offset") * 20)
         answer = str(int(float(answer.replace(",", ""))) + offset)
-    text = " " + body.strip() + (f"\nThe answer is {answer}." if chat else f"\n#### {answer}")
+    final = f"\\boxed{{{answer}}}" if boxed else answer
+    text = " " + body.strip() + (f"\nThe answer is {final}." if chat else f"\n#### {final}")
     if len(text) // 4 + 1 > max_tokens:
         return text[: max_tokens * 4], "length"
     return text, "stop"
@@ -147,7 +159,7 @@ async def _serve(state: SimState, number: int, prefill_tokens: int, completion_t
 
 
 async def _answer(state: SimState, prefix: str, question: str, stop: list[str], max_tokens: int,
-                  chat: bool, number: int = 0) -> tuple[str, str, int, int, int]:
+                  chat: bool, number: int = 0, boxed: bool = False) -> tuple[str, str, int, int, int]:
     """(text, finish_reason, prompt_tokens, completion_tokens, cached prompt tokens) after the
     simulated service time."""
     cached_chars = _cached_chars(state, prefix)
@@ -155,7 +167,7 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
     empty = any(unit_hash(state.world.seed, "empty", question) < f.empty_output_rate for f in state.faults)
     decision = Decision("empty") if empty else state.world.decide(state.model_path, question, state.resolved,
                                                                     prefix_hit, os.environ.get("REGRESS_SIM_COMMIT"))
-    text, reason = compose(state, decision, question, max_tokens, chat)
+    text, reason = compose(state, decision, question, max_tokens, chat, boxed)
     text, stopped = apply_stop(text, stop)
     reason = "stop" if stopped else reason
     prompt_tokens = (len(prefix) + len(question)) // 4 + 1
@@ -297,7 +309,8 @@ class SimRoutes:
             return web.json_response({"error": {"message": "messages must be a non-empty list"}}, status=400)
         prefix, question = split_messages(messages)
         text, reason, prompt_tokens, tokens, cached = await _answer(
-            self.state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True, number)
+            self.state, prefix, question, _stop_list(body.get("stop")), int(body.get("max_tokens") or 512), True, number,
+            asks_for_boxed(messages))
         return web.json_response({
             "id": f"chatcmpl-{number}", "object": "chat.completion", "model": body.get("model"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],

@@ -50,7 +50,7 @@ def test_incident_cell_scores_low_and_healthy_cell_high_on_every_endpoint(tmp_pa
         cell = make_cell(axes, KIMI, tp=2, extra_args=KIMI_ARGS)
         async with ServerProcess(sim_spec(cell), tmp_path / f"{name}.log") as server:
             results = {}
-            for protocol in ("clean", "sglang-fewshot", "chat"):
+            for protocol in ("clean", "sglang-fewshot", "chat", "sgl-eval", "mixed-prefix"):
                 s, _ = await evaluate(server.base_url, build_plan(gsm8k, protocol, 100, 0), EvalSettings(concurrency=32))
                 results[protocol] = s.accuracy
             return results

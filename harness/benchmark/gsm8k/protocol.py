@@ -17,7 +17,14 @@
   depths and branches there, and each full prefix is almost always unique, as sglang's
   `MixedPrefixGSM8KEval` does for its radix tests (its own draws, not its prompts). For radix cells.
 
-Each prompt but chat's carries its teacher text (the question's reference solution, in the shots'
+- `sgl-eval`: sgl-eval's GSM8K (PyPI `sgl-eval` 0.1.3, what sglang's CI scores with now): zero-shot,
+  one user turn of NeMo-Skills' `generic/math` prompt ("Solve the following math problem. Make sure
+  to put the answer (and only answer) inside \\boxed{}." then the problem), the test split in file
+  order, greedy through `/v1/chat/completions`; graded as its MathEvaluator does: the last `\\boxed{}`
+  of the answer against the expected answer (the number after `####`, commas removed, an integer
+  when integral), equal when their normalized strings are, else when math_verify says so.
+
+Each prompt but chat's and sgl-eval's carries its teacher text (the question's reference solution, in the shots'
 format) for the teacher-forced divergence test (harness.gate.divergence).
 
 Every plan carries a fingerprint: results with different fingerprints are not comparable.
@@ -48,6 +55,7 @@ class ProtocolName(str, Enum):
     SGLANG_RUN_EVAL = "sglang-run-eval"
     CHAT = "chat"
     MIXED_PREFIX = "mixed-prefix"
+    SGL_EVAL = "sgl-eval"
 
     def __str__(self) -> str:
         return self.value
@@ -72,6 +80,59 @@ def grade_sglang_integer(output: str, gold: str) -> Grade:
     return Grade(pred, pred == gold, pred, pred == gold)
 
 
+SGL_EVAL_PROMPT = ("Solve the following math problem. Make sure to put the answer (and only answer) inside "
+                   "\\boxed{{}}.\n\n{problem}")  # NeMo-Skills generic/math, zero-shot (no {examples})
+
+
+def sgl_eval_expected(solution: str) -> str:
+    """NeMo-Skills' GSM8K `expected_answer`: the number after `####`, commas removed, as an integer
+    when it is one (its prepare.py also fixes a few *train* answers; the test split has none of them)."""
+    value = float(solution.split("####")[1].replace(",", ""))
+    return str(int(value)) if value == int(value) else str(value)
+
+
+def last_boxed(output: str) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; None if there is none."""
+    start = output.rfind("\\boxed")
+    if start < 0:
+        start = output.rfind("\\fbox")
+    if start < 0:
+        return None
+    opening = output.find("{", start)
+    if opening < 0:
+        return None
+    depth = 0
+    for position in range(opening, len(output)):
+        depth += {"{": 1, "}": -1}.get(output[position], 0)
+        if depth == 0:
+            return output[opening + 1:position]
+    return None
+
+
+_PERCENT = re.compile(r"^(\d+\.?\d*)(?:\\%|%)$")
+
+
+def grade_sgl_eval(output: str, gold: str) -> Grade:
+    """sgl-eval: the last boxed answer, equal to the expected one as normalized strings or by
+    math_verify (imported here: it loads sympy, ~1-4 s, and only this protocol needs it). Its
+    timeouts are off: they use SIGALRM, which works in a main thread only, and a Ray worker's
+    evaluation is not one."""
+    pred = last_boxed(output)
+    if pred is None:
+        return Grade(None, False, None, False)
+    value = _PERCENT.sub(r"\1", pred).rstrip(".\\")  # NeMo-Skills drops a number's % and a final "."
+    correct = value.replace(" ", "").replace(",", "") == gold
+    if not correct:
+        from math_verify import parse, verify
+
+        try:
+            correct = bool(verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=None),
+                                  parse(f"\\boxed{{{value}}}", parsing_timeout=None), timeout_seconds=None))
+        except Exception:  # math_verify raises on what it cannot parse: not equal
+            correct = False
+    return Grade(pred, correct, pred, correct)
+
+
 def grade_sglang_run_eval(output: str, gold: str) -> Grade:
     """sglang-run-eval: GSM8KEval's extraction (the number after the first `####`, else the last)."""
     pred = extract_sglang_run_eval(output)
@@ -79,7 +140,7 @@ def grade_sglang_run_eval(output: str, gold: str) -> Grade:
 
 
 _GRADERS = {ProtocolName.CLEAN: grade_flexible, ProtocolName.CHAT: grade_flexible,
-            ProtocolName.MIXED_PREFIX: grade_flexible,
+            ProtocolName.MIXED_PREFIX: grade_flexible, ProtocolName.SGL_EVAL: grade_sgl_eval,
             ProtocolName.SGLANG_FEWSHOT: grade_sglang_integer, ProtocolName.SGLANG_RUN_EVAL: grade_sglang_run_eval}
 # Their questions are fixed by sglang's tests: no clean extension.
 _EXTENSIBLE = {ProtocolName.CLEAN, ProtocolName.CHAT, ProtocolName.MIXED_PREFIX}
@@ -149,6 +210,15 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
                           f"{', '.join(p.value for p in ProtocolName)}") from None
     if name == "sglang-run-eval":
         return _run_eval_plan(data, num_questions, seed, max_tokens)
+    if name == ProtocolName.SGL_EVAL:
+        count = len(data.test) if num_questions is None else num_questions
+        if count > len(data.test):
+            raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)} "
+                              "(protocol sgl-eval asks test questions only, in file order)")
+        prompts = [Prompt(i, sgl_eval_expected(data.test[i].solution),
+                          messages=(("user", SGL_EVAL_PROMPT.format(problem=data.test[i].question)),))
+                   for i in range(count)]
+        return _finish(data, ProtocolName.SGL_EVAL, "chat", prompts, (), max_tokens, [], seed)
     if name == "sglang-fewshot":
         shots = list(range(NUM_SHOTS))
         prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
