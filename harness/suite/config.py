@@ -8,6 +8,7 @@ did-you-mean. Nothing is launched before a suite validates.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,6 +42,9 @@ class ModelSpec(Strict):
 
 
 CPU_SLOT_RESOURCE = "regress_cpu_slot"
+# Custom axes go into cell ids, which name files and MLflow runs: nothing that can leave a folder.
+CUSTOM_AXIS_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+AXIS_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class ClusterSpec(Strict):
@@ -254,7 +258,13 @@ def normalise_axis(name: str, values: Any) -> Any:
         raise ValueError(f"axes.{name}: a custom axis must map value names to lists of server flags, "
                          f"e.g. {{none: [], tbo: [--enable-two-batch-overlap]}}; built-in axes: "
                          f"{', '.join(AXES)}" + did_you_mean(name, list(AXES)))
+    if not CUSTOM_AXIS_NAME.fullmatch(name):
+        raise ValueError(f"axes.{name!r}: a custom axis name is lowercase letters, digits and '_', starting with a "
+                         "letter (it names MLflow params and cell ids)")
     for value_name, flags in values.items():
+        if not isinstance(value_name, str) or not AXIS_VALUE.fullmatch(value_name):
+            raise ValueError(f"axes.{name}: value {value_name!r} must be letters, digits, '.', '_' or '-', starting "
+                             "with a letter or digit, at most 64 characters (cell ids name files)")
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise ValueError(f"axes.{name}.{value_name}: must be a list of flag strings")
     return {str(k): list(v) for k, v in values.items()}

@@ -83,7 +83,7 @@ def test_unknown_protocol_names_the_benchmarks_protocols(tmp_path):
     path = tmp_path / "suite.yaml"
     path.write_text(GOOD + "protocol: gsm8k-cot\n")
     with pytest.raises(ConfigError, match=r"^protocol: unknown protocol 'gsm8k-cot' of benchmark gsm8k; allowed: "
-                                          r"clean, sglang-fewshot, sglang-run-eval, chat$"):
+                                          r"clean, sglang-fewshot, sglang-run-eval, chat, mixed-prefix, sgl-eval$"):
         load_matrix(path, None)
     path.write_text(GOOD + "benchmark: mmlu\n")
     with pytest.raises(ConfigError, match=r"^benchmark: unknown benchmark 'mmlu'; available: gsm8k$"):
@@ -128,3 +128,18 @@ def test_a_gate_that_tolerates_the_drop_it_must_catch_is_refused(tmp_path):
 def test_the_old_early_stop_key_says_what_replaced_it(tmp_path):
     message = refused(tmp_path, GOOD + "gate: {early_stop_alpha: 0.001}\n")
     assert "early_stop_alpha was replaced by early_stop_share" in message
+
+
+@pytest.mark.parametrize("value", ["../../../../../ESCAPED", "a/b", ".hidden", "x" * 65, "tab\there"])
+def test_a_custom_axis_value_that_could_leave_the_results_folder_is_refused(tmp_path, value):
+    """Cell ids are file names: a custom value with a path separator wrote outside the results folder."""
+    message = refused(tmp_path, GOOD + f"  overlap: {{none: [], {value!r}: [--enable-two-batch-overlap]}}\n")
+    assert "axes.overlap: value" in message and "cell ids name files" in message
+
+
+def test_a_custom_axis_name_is_checked_too(tmp_path):
+    message = refused(tmp_path, GOOD + "  Over/lap: {none: [], tbo: [--enable-two-batch-overlap]}\n")
+    assert "axes.'Over/lap'" in message and "custom axis name" in message
+    load_suite_ok = tmp_path / "ok.yaml"
+    load_suite_ok.write_text(GOOD + "  overlap: {none: [], tbo-2.x: [--enable-two-batch-overlap]}\n")
+    assert load_suite(load_suite_ok).suite.suite == "t"
