@@ -21,7 +21,7 @@ from harness.records import CellOutcome, CellResult, RunInfo
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand
 from harness.suite.selection import load_selection, select_cells
-from tests.helpers import INCIDENT_WORLD, ROOT
+from tests.helpers import INCIDENT_WORLD, ROOT, machine_s
 from tests.records import scored
 
 FAKE_SGLANG = ROOT / "tests" / "fixtures" / "fake_sglang"
@@ -231,3 +231,18 @@ def test_a_bisect_probe_is_built_as_a_run_is(ray_local, tmp_path):
         assert info.dataset_sha256 == expected_sha
         (cell,) = [CellResult.model_validate_json(line) for line in (run.parent / "cells.jsonl").read_text().splitlines()]
         assert cell.predicted.get("attention_backend") == "fa3", cell  # the sglang check ran for the probe
+
+
+def test_an_empty_cell_list_runs_nothing(tmp_path):
+    """`regress select` writes an empty list when a PR touches no cell's files: `--cells` of it is a
+    one-line configuration error (it ran the whole matrix), and the PR workflow runs nothing and says so."""
+    empty = tmp_path / "cells.txt"
+    empty.write_text("\n")
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "configs/pr.yaml", "--cells", str(empty),
+                           "--results-dir", str(tmp_path / "results"), "--no-tracking"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=machine_s(120))
+    assert done.returncode == 2 and "lists no cell, so there is nothing to run" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()
+    workflow = yaml.safe_load((ROOT / "jobs" / "github" / "pr.yml").read_text())
+    run = next(s["run"] for s in workflow["jobs"]["matrix"]["steps"] if "build_suite.py" in s.get("run", ""))
+    assert run.index("[ ! -s cells.txt ]") < run.index("build_suite.py") and "no cell was run" in run

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from harness.benchmark.base import Prompt, ProtocolPlan
+from harness.benchmark.http import ANSWER_LIMIT_BYTES, BodyTooLarge, bounded_body, bounded_json, redirect_of
 from harness.benchmark.scoring import score
 from harness.records import QuestionRecord, Score, TeacherForced
 
@@ -149,18 +150,23 @@ async def _ask_once(session: aiohttp.ClientSession, base_url: str, route: str, b
                     endpoint: str) -> _Answer:
     """One HTTP attempt with aiohttp; raises _Retryable or _Final on failure."""
     try:
-        async with session.post(base_url + route, json=body) as response:
+        async with session.post(base_url + route, json=body, allow_redirects=False) as response:
             if response.status in RETRYABLE_STATUS:
                 retry_after = response.headers.get("Retry-After")
                 delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
                 raise _Retryable(f"HTTP {response.status}", delay)
+            redirect = redirect_of(response)
+            if redirect:
+                raise _Final(redirect)
             if response.status >= 400:
-                text = (await response.text())[:300]
+                text = (await bounded_body(response, ANSWER_LIMIT_BYTES))[:300].decode(errors="replace")
                 raise _Final(f"HTTP {response.status}: {text}")
             try:
-                payload = await response.json(content_type=None)
+                payload = await bounded_json(response, ANSWER_LIMIT_BYTES)
             except ValueError:
                 raise _Retryable("malformed response (body is not JSON)") from None
+    except BodyTooLarge as error:
+        raise _Final(str(error)) from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
         raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": ")) from None
     return parse_teacher(payload) if endpoint == TEACHER else parse_answer(endpoint, payload)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from harness.benchmark.http import INFO_LIMIT_BYTES, BodyTooLarge, bounded_json, redirect_of
 from harness.engine.launch import LOOPBACK, LaunchSpec
 from harness.errors import ErrorKind, ServerError
 
@@ -73,12 +74,15 @@ async def read_server_info(base_url: str, routes: tuple[str, ...] = ("/server_in
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         for route in routes:
             try:
-                async with session.get(base_url + route) as response:
+                async with session.get(base_url + route, allow_redirects=False) as response:
                     if response.status in (404, 405):
                         continue
+                    redirect = redirect_of(response)
+                    if redirect:
+                        raise ServerError(f"cannot read {route}: {redirect}", kind=ErrorKind.SERVER_INFO)
                     response.raise_for_status()
-                    info = await response.json(content_type=None)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+                    info = await bounded_json(response, INFO_LIMIT_BYTES)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, BodyTooLarge) as error:
                 raise ServerError(f"cannot read {route}: {error}", kind=ErrorKind.SERVER_INFO) from None
             if isinstance(info, dict):
                 return info

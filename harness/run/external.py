@@ -21,6 +21,7 @@ from harness.benchmark.base import ProtocolPlan
 from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.benchmark.evaluator import Progress as EvalProgress
 from harness.benchmark.gsm8k.dataset import Gsm8k
+from harness.benchmark.http import INFO_LIMIT_BYTES, BodyTooLarge, bounded_body, bounded_json
 from harness.engine.server import read_server_info
 from harness.errors import ConfigError, InfraError, ServerError
 from harness.gate.budget import Budget
@@ -50,8 +51,10 @@ async def reachable(base_url: str) -> None:
     """Raise InfraError unless something answers HTTP at `base_url` (any status will do)."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REACHABLE_TIMEOUT_S)) as session, \
-                session.get(base_url + "/v1/models") as response:
-            await response.read()
+                session.get(base_url + "/v1/models", allow_redirects=False) as response:
+            await bounded_body(response, INFO_LIMIT_BYTES)
+    except BodyTooLarge:
+        return  # it answers: what it said is for the evaluation to judge
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
         raise InfraError(f"nothing answers at {base_url} ({type(error).__name__}: {error}); start the server "
                          "first, or check --base-url") from None
@@ -61,16 +64,16 @@ async def served_model(base_url: str, timeout_s: float, console: Console) -> str
     """The first model id `/v1/models` lists, which OpenAI-compatible servers require in requests."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session, \
-                session.get(base_url + "/v1/models") as response:
+                session.get(base_url + "/v1/models", allow_redirects=False) as response:
             if response.status != 200:
                 return None
-            data = (await response.json(content_type=None)).get("data") or []
+            data = (await bounded_json(response, INFO_LIMIT_BYTES)).get("data") or []
             return str(data[0]["id"]) if data else None
     except asyncio.TimeoutError:
         console.print(f"[yellow]/v1/models did not answer within {timeout_s:.0f} s[/]: requests name the model "
                       "'default' (pass --model to name it)")
         return None
-    except (aiohttp.ClientError, ValueError, KeyError, AttributeError):
+    except (aiohttp.ClientError, ValueError, KeyError, AttributeError, BodyTooLarge):
         return None
 
 

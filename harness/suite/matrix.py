@@ -216,7 +216,10 @@ def select_listed(matrix: Matrix, path: Path) -> Matrix:
         wanted = {line.strip() for line in path.read_text().splitlines() if line.strip()}
     except OSError as error:
         raise ConfigError(f"--cells {path}: {error.strerror}") from None
+    if not wanted:
+        raise ConfigError(f"--cells {path}: lists no cell, so there is nothing to run (`regress select` writes an "
+                          "empty list when the change affects no cell of the suite); run without --cells for all")
     unknown = wanted - {c.cell_id for c in matrix.cells}
     if unknown:
         raise ConfigError(f"--cells {path}: not cells of this suite: {', '.join(sorted(unknown)[:5])}")
-    return select(matrix, None if not wanted else "|".join(sorted(wanted)), ids=wanted)
+    return select(matrix, "|".join(sorted(wanted)), ids=wanted)

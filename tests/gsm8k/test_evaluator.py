@@ -110,3 +110,78 @@ def test_latency_is_the_answering_attempts_not_the_retries_and_their_backoff(gsm
     record = asyncio.run(_ask(flaky, plan, plan.prompts[0], settings))
     assert record.attempts == 3 and record.error is None
     assert record.latency_s < 0.2  # two backoffs of 0.2 s happened; the answer itself took no time
+
+
+def hostile_server(routes):
+    """An aiohttp server on loopback with these (method, path, handler) routes; returns (runner, url)."""
+    from aiohttp import web
+
+    async def start():
+        app = web.Application()
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    return start
+
+
+def test_a_redirect_to_another_server_is_never_followed(gsm8k):
+    """Following it would score the other server's answers under this one's name."""
+    from aiohttp import web
+
+    plan = build_plan(gsm8k, "clean", 3, 0)
+    reached = []
+
+    async def other(request):
+        reached.append(request.path)
+        return web.json_response({"choices": [{"text": "#### 1", "finish_reason": "stop"}], "usage": {}})
+
+    async def scenario():
+        other_runner, other_url = await hostile_server([("POST", "/v1/completions", other)])()
+
+        async def redirect(request):
+            raise web.HTTPTemporaryRedirect(other_url + "/v1/completions")
+
+        runner, url = await hostile_server([("POST", "/v1/completions", redirect)])()
+        try:
+            return await evaluate(url, plan, FAST_RETRIES)
+        finally:
+            await runner.cleanup()
+            await other_runner.cleanup()
+
+    score, records = asyncio.run(scenario())
+    assert score.n == 0 and reached == []
+    assert all("HTTP 307" in r.error and "redirects are not followed" in r.error and r.attempts == 1 for r in records)
+
+
+def test_a_body_past_the_limit_is_not_read_whole(gsm8k, monkeypatch):
+    """A 1 GiB answer (or a gzip bomb) was read whole: now the read stops at the limit, once, unretried."""
+    from aiohttp import web
+
+    import harness.benchmark.evaluator as evaluator_module
+
+    monkeypatch.setattr(evaluator_module, "ANSWER_LIMIT_BYTES", 1 << 20)  # 1 MiB here; 16 MiB in use
+    plan = build_plan(gsm8k, "clean", 2, 0)
+    sent = []
+
+    async def endless(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(64):  # 4 MiB, in chunks, no Content-Length
+            await response.write(b" " * 65536)
+            sent.append(1)
+        return response
+
+    async def scenario():
+        runner, url = await hostile_server([("POST", "/v1/completions", endless)])()
+        try:
+            return await evaluate(url, plan, FAST_RETRIES)
+        finally:
+            await runner.cleanup()
+
+    score, records = asyncio.run(scenario())
+    assert score.n == 0 and all("over the 1 MiB limit" in r.error and r.attempts == 1 for r in records)
