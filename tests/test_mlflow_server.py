@@ -171,8 +171,8 @@ def test_two_nights_on_clean_runners_share_their_history_through_the_tracking_se
         parents = [r for r in client.search_runs([experiment.experiment_id]) if "results_run_id" in r.data.tags]
         assert {p.info.status for p in parents} == {"FINISHED"} and len(parents) == 2
         cells_page = ui_dom(cells_view_url(uri, experiment.experiment_id), screenshot=tmp_path / "cells.png")
-        for column in ("accuracy", "ci_low", "ci_high", "n", "mcnemar_p", "history_p", "attention_backend",
-                       "unified_memory", "status"):
+        for column in ("accuracy", "ci_low", "ci_high", "n", "mcnemar_p", "divergence_p", "history_p",
+                       "attention_backend", "unified_memory", "status"):
             assert f">{column}<" in cells_page, column
         assert cells_page.count("deepseek-v2-lite.ab-fa3.um-on.rc-on") >= 2  # the cell on both nights
         nights_page = ui_dom(view_url(uri, experiment.experiment_id, NIGHTS_VIEW))

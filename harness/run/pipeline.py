@@ -83,8 +83,12 @@ class CellJobs:
     measured: dict[str, CellOutcome] = field(default_factory=dict)  # back from a slot, not judged yet
 
     def notice(self, cell: Cell, outcome: CellOutcome) -> None:
-        """A finished cell's outcome, before it is judged (the scheduler places the next cells first)."""
-        if outcome.error is None and not outcome.mismatches and not outcome.stopped_early and outcome.score:
+        """A finished cell's outcome, before it is judged (the scheduler places the next cells first).
+        Kept only when nothing already says it is broken: measured, labelled right, not stopped early,
+        and not under its model's floor (every cell would diverge from a broken reference)."""
+        score = outcome.score
+        if (outcome.error is None and not outcome.mismatches and not outcome.stopped_early and score is not None
+                and score.n > 0 and score.accuracy >= cell.model.floor):
             self.measured[cell.cell_id] = outcome
 
     def reference_answers(self, cell: Cell) -> CellOutcome | None:
