@@ -112,13 +112,18 @@ def reference_of(setup: Setup, cell: Cell) -> Cell:
     return next(c for c in setup.cells if c.cell_id == cell.reference_cell)
 
 
+def incident_cells(setup: Setup) -> list[Cell]:
+    """The demo's three cells the incident's bug breaks (Kimi-Linear, an MLA backend, unified memory and radix on)."""
+    return [c for c in setup.cells if "um-on.rc-on" in c.cell_id and c.model.id == "kimi-linear"
+            and "triton" not in c.cell_id]
+
+
 def reseeded(world: World, seed: int, **changes) -> World:
     return world.model_copy(update={"seed": seed, **changes})
 
 
 def incident(setup: Setup, trials: int, console: Console) -> None:
-    broken = [c for c in setup.cells if "um-on.rc-on" in c.cell_id and c.model.id == "kimi-linear"
-              and "triton" not in c.cell_id]
+    broken = incident_cells(setup)
     alpha = setup.stage_alpha / 3  # floor, paired accuracy, divergence
     by_divergence, by_accuracy = [], []
     for trial in range(trials):
@@ -153,8 +158,7 @@ def incident(setup: Setup, trials: int, console: Console) -> None:
 def quiet_bug(setup: Setup, trials: int, console: Console) -> None:
     bugs = [bug.model_copy(update={"style": "unchanged", "divergence": 0.3, "corrupt_probability": (0.3, 0.6)})
             for bug in setup.world.bugs]
-    broken = [c for c in setup.cells if "um-on.rc-on" in c.cell_id and c.model.id == "kimi-linear"
-              and "triton" not in c.cell_id]
+    broken = incident_cells(setup)
     caught = by_accuracy = 0
     for trial in range(trials):
         world = reseeded(setup.world, trial, bugs=bugs)
@@ -190,18 +194,14 @@ def healthy_nights(setup: Setup, nights: int, console: Console, calibration_nigh
             for night in range(calibration_nights):
                 world = reseeded(setup.world, 10_000 + night, bugs=[], backend_drift=drifts,
                                  logprob_drift=setup.world.logprob_drift * scale)
-                results = []
                 outcomes = {cell.cell_id: setup.outcome(cell, world).questions for cell in setup.cells}
-                for cell in setup.cells:
-                    if cell.reference_cell is None:
-                        results.append(CellResult(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
-                                                  args=[], resolved={}, status=Status.PASS, reason=""))
-                        continue
-                    found = divergence_test(outcomes[cell.cell_id], outcomes[cell.reference_cell], 1.0, 0.1)
-                    results.append(CellResult(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
-                                              args=[], resolved={}, status=Status.PASS, reason="",
-                                              reference_cell=cell.reference_cell, divergence_high=found.high))
-                measured.append((None, results))
+                highs = {cell.cell_id: divergence_test(outcomes[cell.cell_id], outcomes[cell.reference_cell], 1.0, 0.1).high
+                         for cell in setup.cells if cell.reference_cell is not None}
+                measured.append((None, [CellResult(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
+                                                   args=[], resolved={}, status=Status.PASS, reason="",
+                                                   reference_cell=cell.reference_cell,
+                                                   divergence_high=highs.get(cell.cell_id))
+                                        for cell in setup.cells]))
             tolerance = max(p.proposed for p in propose_divergence(measured, {m: spec.tolerance for m in
                                                                                 {c.model.id for c in setup.cells}}))
         failed_nights = 0

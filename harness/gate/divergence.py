@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from harness.gate.sequential import InOrder, looks
 from harness.records import QuestionRecord, TeacherForced
 
 TOP_QUANTILE = 0.95  # what a cell records of its questions' divergences, for `regress calibrate`
@@ -137,48 +138,47 @@ class DivergenceStop:
     critical: tuple[tuple[int, int], ...] = field(init=False, default=())  # (look, least count beyond that rejects)
 
     def __post_init__(self) -> None:
-        import numpy as np
-        from scipy.stats import binom
-
-        from harness.gate.sequential import looks
 
         points = looks(len(self.order))
         found = []
         for n in points:
-            counts = np.arange(1, n + 1)
-            rejects = np.nonzero(binom.sf(counts - 1, n, self.healthy_share) < self.alpha / len(points))[0]
-            found.append((n, int(counts[rejects[0]]) if len(rejects) else n + 1))
+            # beyond_p falls as the count grows: bisect for the least count that rejects (n + 1: none).
+            low, high = 1, n + 1
+            while low < high:
+                middle = (low + high) // 2
+                if beyond_p(middle, n, self.healthy_share) < self.alpha / len(points):
+                    high = middle
+                else:
+                    low = middle + 1
+            found.append((n, low))
         object.__setattr__(self, "critical", tuple(found))
 
 
 class DivergenceLooks:
     """`DivergenceStop` as answers come in, in any order: each look tests the first n comparable
-    questions of the seeded order once every question before them is back (the answers that come
-    back first are not a random sample). A question without a comparable teacher record is passed over."""
+    questions of the seeded order once every question before them is back (harness.gate.sequential's
+    `InOrder`, as the floor's looks do). A question without a comparable teacher record is passed over."""
 
     def __init__(self, rule: DivergenceStop) -> None:
         self.rule = rule
-        self.reference = dict(rule.reference)
-        self.done: dict[Key, QuestionRecord] = {}
-        self.complete = 0
-        self.values: list[float] = []  # divergences of the comparable questions among them, in order
+        reference = dict(rule.reference)
+
+        def divergence(record: QuestionRecord) -> float | None:
+            theirs = reference.get((record.split, record.index))
+            if record.error is not None or record.teacher is None or theirs is None:
+                return None
+            found = question_divergence(record.teacher, theirs)
+            return found[0] if found is not None else None
+
+        self.values = InOrder(rule.order, key=lambda record: (record.split, record.index), admit=divergence)
         self.pending = list(rule.critical)
 
     def add(self, record: QuestionRecord) -> str | None:
         """One more result; a reason to stop when a look it completes rejects "healthy"."""
-        self.done[(record.split, record.index)] = record
-        order = self.rule.order
-        while self.complete < len(order) and order[self.complete] in self.done:
-            back = self.done[order[self.complete]]
-            theirs = self.reference.get(order[self.complete])
-            if back.error is None and back.teacher is not None and theirs is not None:
-                found = question_divergence(back.teacher, theirs)
-                if found is not None:
-                    self.values.append(found[0])
-            self.complete += 1
-        while self.pending and self.pending[0][0] <= len(self.values):
+        values = self.values.add(record)
+        while self.pending and self.pending[0][0] <= len(values):
             n, least = self.pending.pop(0)
-            beyond = sum(value > self.rule.tolerance for value in self.values[:n])
+            beyond = sum(value > self.rule.tolerance for value in values[:n])
             if beyond >= least:
                 level = self.rule.alpha / len(self.rule.critical)
                 return (f"stopped early after the first {n} comparable questions of the seeded order: divergence "

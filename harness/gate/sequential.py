@@ -10,12 +10,15 @@ looks happen: the test is valid at any look, not only at the end. A cell at 0.15
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from harness.gate.stats import below_floor_p
 from harness.records import QuestionRecord
 
 FIRST_LOOK = 20
+T = TypeVar("T")
 
 
 def looks(total: int) -> list[int]:
@@ -86,32 +89,47 @@ class EarlyStop:
         return reasons[0] if reasons else None
 
 
+class InOrder(Generic[T]):
+    """Results that come back in any order, taken in a seeded order: a result is taken once every
+    question before it in `order` is back, so the taken ones are always a prefix of the order (a
+    random sample), not the ones that came back first. `admit` turns a result into what is kept of
+    it, or None to pass it over (a transport failure is no answer); the looks test prefixes of `taken`."""
+
+    def __init__(self, order: Sequence[Hashable], key: Callable[[QuestionRecord], Hashable],
+                 admit: Callable[[QuestionRecord], T | None]) -> None:
+        self.order, self.key, self.admit = order, key, admit
+        self.done: dict[Hashable, QuestionRecord] = {}
+        self.complete = 0  # the first `complete` questions of the order are all back
+        self.taken: list[T] = []
+
+    def add(self, record: QuestionRecord) -> list[T]:
+        self.done[self.key(record)] = record
+        while self.complete < len(self.order) and self.order[self.complete] in self.done:
+            kept = self.admit(self.done[self.order[self.complete]])
+            if kept is not None:
+                self.taken.append(kept)
+            self.complete += 1
+        return self.taken
+
+
 class Looks:
     """The sequential test as answers come in, in any order. Each look tests the first n answered
-    questions of the seeded order, once every question before them is back: a random sample, not
-    the n that came back first (a bug that writes junk up to the token limit answers last, so the
-    first to come back would be the healthy ones). A question that failed in transport is passed
-    over (it is no answer), so it never holds the looks up."""
+    questions of the seeded order, once every question before them is back (`InOrder`: a bug that
+    writes junk up to the token limit answers last, so the first to come back would be the healthy
+    ones). A question that failed in transport is passed over, so it never holds the looks up."""
 
     def __init__(self, rule: EarlyStop) -> None:
         self.rule = rule
-        self.order = rule.question_order()
-        self.done: dict[int, QuestionRecord] = {}
-        self.complete = 0  # the first `complete` questions of the order are all back
-        self.answered: list[QuestionRecord] = []  # the answers among them, in the seeded order
+        self.answered = InOrder(rule.question_order(), key=lambda record: record.index,
+                                admit=lambda record: record if record.error is None else None)
         self.pending = [n for n, _ in rule.thresholds]  # looks not taken yet, smallest first
 
     def add(self, record: QuestionRecord) -> str | None:
         """One more result; a reason to stop when a look it completes rejects the floor."""
-        self.done[record.index] = record
-        while self.complete < len(self.order) and self.order[self.complete] in self.done:
-            back = self.done[self.order[self.complete]]
-            if back.error is None:
-                self.answered.append(back)
-            self.complete += 1
-        while self.pending and self.pending[0] <= len(self.answered):
+        answered = self.answered.add(record)
+        while self.pending and self.pending[0] <= len(answered):
             n = self.pending.pop(0)
-            reason = self.rule.test_look(n, self.answered[:n])
+            reason = self.rule.test_look(n, answered[:n])
             if reason:
                 return reason
         return None

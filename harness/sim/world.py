@@ -264,17 +264,20 @@ def configuration_signature(resolved: dict[str, Any]) -> str:
     return "|".join(f"{key}={resolved[key]}" for key in numerics_fields() if resolved.get(key) not in (None, False))
 
 
+def _digest(parts: tuple[object, ...]) -> bytes:
+    return hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+
+
 def unit_draws(count: int, *parts: object):
     """`count` deterministic numbers in [0, 1) from its inputs (a numpy generator seeded by them)."""
     import numpy as np
 
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return np.random.default_rng(int.from_bytes(digest, "big")).random(count)
+    return np.random.default_rng(int.from_bytes(_digest(parts), "big")).random(count)
 
 
 def unit_hash(*parts: object) -> float:
     """A deterministic number in [0, 1) from its inputs."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    digest = _digest(parts)
     return int.from_bytes(digest, "big") / 2**64
 
 

@@ -16,7 +16,6 @@
   order). Questions that drew k1 <= k2 share the first k1 shots, so a radix cache is hit at many
   depths and branches there, and each full prefix is almost always unique, as sglang's
   `MixedPrefixGSM8KEval` does for its radix tests (its own draws, not its prompts). For radix cells.
-
 - `sgl-eval`: sgl-eval's GSM8K (PyPI `sgl-eval` 0.1.3, what sglang's CI scores with now): zero-shot,
   one user turn of NeMo-Skills' `generic/math` prompt ("Solve the following math problem. Make sure
   to put the answer (and only answer) inside \\boxed{}." then the problem), the test split in file
@@ -24,8 +23,8 @@
   of the answer against the expected answer (the number after `####`, commas removed, an integer
   when integral), equal when their normalized strings are, else when math_verify says so.
 
-Each prompt but chat's and sgl-eval's carries its teacher text (the question's reference solution, in the shots'
-format) for the teacher-forced divergence test (harness.gate.divergence).
+Each prompt but chat's and sgl-eval's carries its teacher text (the question's reference solution,
+in the shots' format) for the teacher-forced divergence test (harness.gate.divergence).
 
 Every plan carries a fingerprint: results with different fingerprints are not comparable.
 """
