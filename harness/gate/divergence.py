@@ -15,8 +15,9 @@ cell; it cannot hold one undecided (a cell it does not reject is judged by its o
 Questions are paired by (split, index); a question either side lacks, or whose continuation the
 two servers tokenized differently, is left out (counted in the reason).
 
-Early stop (`DivergenceStop`): when the reference was judged before a cell starts, the cell's slot
-gets the reference's teacher records and tests the first 20, 40, 80, ... comparable questions of
+Early stop (`DivergenceStop`): when the reference came back before a cell starts (measured, not
+under its floor, not stopped early; once judged, only if it can vouch), the cell's slot gets the
+reference's teacher records and tests the first 20, 40, 80, ... comparable questions of
 the seeded order as they come back, at its share of the cell's early-stop alpha split over the looks
 (critical counts computed where scipy is loaded, so the worker compares integers), as the floor's
 looks do (harness.gate.sequential).
