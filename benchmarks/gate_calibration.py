@@ -1,373 +1,422 @@
-"""Does the gate cry wolf, does it sleep? Nights of the shipped suites (configs/demo.yaml: 32 cells,
-200 questions, extended to 1,319; configs/nightly.yaml: 72 cells, 1,319, extended to 2,638) played
-through the product's own gating (`Gating`: early stop, the budget, both stages, `extend`), with
-answers drawn from a model of real servers instead of Ray and HTTP, in the audit's scenarios.
+"""Does the gate cry wolf, does it sleep, and does a pass mean what it says? Nights of the shipped
+suites (configs/nightly.yaml: 72 cells, 2,638 questions; configs/pr.yaml: 9 cells, 400 questions,
+extended to 1,319) played through the product's own gating (`Gating`: early stop, the budget, both
+stages, `extend`), with answers drawn from a model of real servers instead of Ray and HTTP.
 
-    .venv/bin/python benchmarks/gate_calibration.py [--nights 200] [--trials 200] [--suites demo,nightly]
+    .venv/bin/python benchmarks/gate_calibration.py [--trials 400] [--suites nightly,pr] [--only ...]
+    .venv/bin/python benchmarks/gate_calibration.py --quick      # what the test suite runs
 
-The answer model: each model knows a fixed set of questions (accuracy 0.90 on the protocol's
-planned questions, as a fixed-seed protocol has one true accuracy), and every cell, every night,
-redraws 13.9% of its answers at random: two healthy cells then agree on 95% of questions, as
-backends do. Each trial plays two nights: the first is judged as a first run (no history), the
-second with the first as history (the steady state every later night is in). Scenarios:
+The answer model (an item-response model, per model of the suite):
+- each question has a difficulty: the chance p_q that a launch answers it right, drawn from
+  Beta(0.9, 0.1) (most questions easy, some impossible, a few in between), so the model's true
+  accuracy is the mean of p_q over the test split (about 0.90);
+- the model has one typical answer per question (right with chance p_q); each cell (a configuration)
+  redraws 16.8% of them once, for good; each launch (a night) redraws 15% of its cell's: two healthy
+  cells then disagree on 4.5% of questions, a cell and its previous night on 2.5%;
+- a real offset or bug of d points (a cell's, fixed) makes a share d / accuracy of its right answers
+  wrong (or of its wrong answers right); a launch-level shift is drawn afresh for every launch.
 
-- healthy: floor 2 points under the model (as sglang's CI sets Kimi-Linear's: mean 0.899, floor 0.88);
-- at floor: the floor equal to the model's accuracy on the planned questions;
-- lucky reference: on the judged night each reference is 3 sd (of a cell's night-to-night noise) above itself;
-- backend offsets: every non-reference cell carries a real, fixed offset of N(0, 0.5 points);
-- reference error: one model's reference cell errors; one of its cells really dropped 5 points;
-- early-stopped reference: that reference answers its first 20 questions wrong (and stops); the same dropped cell.
+Every healthy cell carries a fixed backend offset drawn from N(0, 0.5 points) (inside the suites'
+1.5-point tolerance); floors are the model's accuracy minus gate.floor_margin, as the shipped suites
+derive them. A trial plays a first night (no history) and a second night with the first as its
+history (and its pin): both are counted. Scenarios:
 
-Power: one cell of the nightly loses 3 points (95% agreement, and 98%), with history (steady state)
-and on a first night. Early stop: the incident's cells, broken answers returned last.
+- healthy: as above;
+- launch spread: each launch also moves by N(0, 0.5 points), the suite's launch_sd set to it (as
+  `regress calibrate` measures it); and the same with launch_sd left at 0;
+- build shift: on the second night a new build lowers every cell of the first model (its reference
+  too) by 1.0 point: inside the tolerance, harmless by the gate's own definition;
+- least favourable: every non-reference cell exactly `tolerance` under its reference and its model's
+  floor exactly at the cells' accuracy: the false-fail rate the budget promises (<= alpha);
+- model-wide break: on a first night the first model's reference and cells all lose 10 points;
+- 2- and 3-point drops: one cell of the first model, on the second night (with history) and alone
+  on a first night: how often it passes;
+- drift: the first model (its reference too) loses 0.5 points a night from night 1 on, 10 nights,
+  with `pinned_run: auto` and without a pin: the night it first turns red.
+
+Every rate comes with its exact 95% interval (Clopper-Pearson). The exact size of the margin test is
+computed beside Tango's score test (the chance each rejects at a run's tiny alpha, summed over every
+outcome of the counts): `--only size`.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import random
+import math
 import sys
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from scipy.stats import binom, binomtest, norm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.analysis.calibrate import propose_floors  # noqa: E402
 from harness.benchmark.base import ProtocolPlan  # noqa: E402
 from harness.benchmark.gsm8k.dataset import load_gsm8k  # noqa: E402
-from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET, build_plan  # noqa: E402
+from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET, build_plan, extension_plan  # noqa: E402
 from harness.benchmark.scoring import score  # noqa: E402
-from harness.errors import ErrorKind  # noqa: E402
-from harness.gate.sequential import EarlyStop, Looks  # noqa: E402
-from harness.records import CellError, CellOutcome, QuestionRecord, RunInfo, Status  # noqa: E402
+from harness.gate.sequential import EarlyStop  # noqa: E402
+from harness.gate.stats import _tango_z, drop_above_margin_p  # noqa: E402
+from harness.records import CellOutcome, QuestionRecord, Status  # noqa: E402
 from harness.results.sinks import Sinks  # noqa: E402
 from harness.run.build import RunInputs  # noqa: E402
 from harness.run.extension import extend  # noqa: E402
 from harness.run.gating import Gating  # noqa: E402
+from harness.run.history import BASELINE_STATUSES  # noqa: E402
 from harness.run.pipeline import run_budget  # noqa: E402
 from harness.suite.config import load_suite  # noqa: E402
 from harness.suite.matrix import Cell, Matrix, expand  # noqa: E402
 
-ACCURACY = 0.90
-AGREEMENT = 0.95
 QUIET = Console(quiet=True)
-
-
-def redraw_rate(agreement: float) -> float:
-    """Two cells that each redraw a share r of answers disagree on about 2 r 2p(1-p) questions."""
-    return (1 - agreement) / (2 * 2 * ACCURACY * (1 - ACCURACY))
+DIFFICULTY = (0.9, 0.1)  # Beta parameters of p_q
+CELL_REDRAW = 0.168  # 1 - (1 - 0.168)(1 - 0.15) = 0.293: two cells disagree on 1 - (1 - 0.293)^2 = 50% of E[2p(1-p)] = 9%
+NIGHT_REDRAW = 0.15  # a cell's two nights: 1 - 0.85^2 = 27.8% of 9% = 2.5%
+OFFSET_SD = 0.005
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    floor_below: float = 0.02  # the floor, this far under the model's accuracy
-    lucky_sd: float = 0.0  # each reference is this many sd lucky on the judged night
-    offset_sd: float = 0.0  # fixed per-cell offsets of the non-reference cells
-    broken_reference: str | None = None  # "error" or "stopped", for the first model's reference
-    dropped_cell: float = 0.0  # one cell of the first model really loses this much
-    agreement: float = AGREEMENT
-    calibration_nights: int = 0  # floors set by `regress calibrate` from this many earlier nights
+    offsets: bool = True  # healthy cells carry fixed backend offsets N(0, OFFSET_SD)
+    launch_sd: float = 0.0  # each launch moves by N(0, launch_sd)
+    launch_sd_known: bool = True  # the suite's models carry launch_sd (as `regress calibrate` measures it)
+    at_tolerance: bool = False  # least favourable: every non-reference cell exactly `tolerance` down, floor at it
+    second_night_shift: float = 0.0  # the first model, reference included, on the judged night
+    first_night_shift: float = 0.0  # the first model, reference included, on the first night
+    dropped: float = 0.0  # one cell of the first model, from the judged night on
+    drift: float = 0.0  # the first model loses this much a night from night 1 on
+    pinned: bool = True  # gate.pinned_run auto (else none)
 
 
-SCENARIOS = (
-    Scenario("healthy"),
-    Scenario("at floor", floor_below=0.0),
-    Scenario("lucky reference", lucky_sd=3.0),
-    Scenario("backend offsets", offset_sd=0.005),
-    Scenario("offsets, calibrated floors", offset_sd=0.005, calibration_nights=5),
-    Scenario("reference error", broken_reference="error", dropped_cell=0.05),
-    Scenario("early-stopped reference", broken_reference="stopped", dropped_cell=0.05),
-)
+@dataclass
+class Model:
+    """One model's questions: difficulty and its typical answers, in `questions` order."""
+
+    p: np.ndarray
+    typical: np.ndarray
+    accuracy: float  # the mean of p over the test split: the model's true accuracy
 
 
-class Answers:
-    """Who answers what right, for one trial: the models' knowledge, each cell's fixed offset or bug,
-    and each night's noise."""
+@dataclass
+class World:
+    seed: int
+    questions: list[int]
+    models: dict[str, Model]
+    offsets: dict[str, float] = field(default_factory=dict)  # cell -> fixed offset (points as a fraction)
 
-    def __init__(self, seed: int, questions: list[int], planned: list[int], scenario: Scenario,
-                 cells: list[Cell], dropped: dict[str, float]) -> None:
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
-        self.position = {q: i for i, q in enumerate(questions)}
-        self.planned = planned
-        self.scenario = scenario
-        self.redraw = redraw_rate(scenario.agreement)
-        self.known: dict[str, np.ndarray] = {}
-        test = np.array([i for i, q in enumerate(questions) if q < EXTENSION_INDEX_OFFSET])
-        for model in sorted({c.model.id for c in cells}):
-            known = self.rng.random(len(questions)) < ACCURACY
-            # The model's accuracy on the test split is exactly ACCURACY (a fixed set has one true
-            # accuracy); a subset of it, as a 200-question protocol asks, varies around it.
-            order = self.rng.permutation(test)
-            known[order[:round(ACCURACY * len(test))]] = True
-            known[order[round(ACCURACY * len(test)):]] = False
-            self.known[model] = known
-        self.fixed: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # cell -> (made wrong, made right)
-        for cell in cells:
-            offset = 0.0 if cell.is_reference else self.rng.normal(0, scenario.offset_sd) if scenario.offset_sd else 0.0
-            offset -= dropped.get(cell.cell_id, 0.0)
-            draws = self.rng.random(len(questions))
-            wrong = draws < (-offset / ACCURACY if offset < 0 else 0.0)
-            right = draws < (offset / (1 - ACCURACY) if offset > 0 else 0.0)
-            self.fixed[cell.cell_id] = (wrong, right)
+    @classmethod
+    def draw(cls, seed: int, questions: list[int], inputs: RunInputs, scenario: Scenario,
+             exact: frozenset[str] = frozenset()) -> World:
+        """`exact`: cells with no backend offset (a dropped cell's true drop is then exactly its drop)."""
+        rng = np.random.default_rng(seed)
+        test = np.array([q < EXTENSION_INDEX_OFFSET for q in questions])
+        models = {}
+        for model in inputs.loaded.suite.models:
+            p = rng.beta(*DIFFICULTY, size=len(questions))
+            models[model.id] = Model(p=p, typical=rng.random(len(questions)) < p, accuracy=float(p[test].mean()))
+        world = cls(seed, questions, models)
+        tolerance = inputs.loaded.suite.gate.tolerance
+        for cell in inputs.matrix.cells:
+            if cell.is_reference or cell.cell_id in exact:
+                offset = 0.0
+            elif scenario.at_tolerance:
+                offset = -tolerance
+            else:
+                offset = float(rng.normal(0, OFFSET_SD)) if scenario.offsets else 0.0
+            world.offsets[cell.cell_id] = offset
+        return world
 
-    def night(self, cell: Cell, number: int, lucky: bool) -> np.ndarray:
-        """Night `number`'s answers of `cell` to every question (in `questions` order): its noise is
-        its own, whatever else was drawn (two Answers of one trial share knowledge, not noise)."""
-        known = self.known[cell.model.id]
-        rng = np.random.default_rng([self.seed, number, zlib.crc32(cell.cell_id.encode())])
-        redrawn = rng.random(known.size) < self.redraw
-        answers = np.where(redrawn, rng.random(known.size) < ACCURACY, known)
-        wrong, right = self.fixed[cell.cell_id]
-        answers = (answers & ~wrong) | right
-        if lucky:
-            n = len(self.planned)
-            sd = np.sqrt(2 * self.redraw * ACCURACY * (1 - ACCURACY) / n)
-            planned_wrong = [self.position[q] for q in self.planned if not answers[self.position[q]]]
-            rng.shuffle(planned_wrong)
-            answers[planned_wrong[:round(self.scenario.lucky_sd * sd * n)]] = True
-        return answers
+    def answers(self, cell: Cell, night: int, shift: float, launch_sd: float) -> np.ndarray:
+        """Night `night`'s answers of `cell` to every question: its configuration's fixed redraws and
+        offset, this launch's redraws and shift (`shift` plus N(0, launch_sd))."""
+        model = self.models[cell.model.id]
+        size = len(self.questions)
+        mine = np.random.default_rng([self.seed, zlib.crc32(cell.cell_id.encode())])
+        answers = np.where(mine.random(size) < CELL_REDRAW, mine.random(size) < model.p, model.typical)
+        answers = _shifted(answers, self.offsets[cell.cell_id], mine.random(size), model.accuracy)
+        launch = np.random.default_rng([self.seed, zlib.crc32(cell.cell_id.encode()), night + 1])
+        answers = np.where(launch.random(size) < NIGHT_REDRAW, launch.random(size) < model.p, answers)
+        moved = shift + (float(launch.normal(0, launch_sd)) if launch_sd else 0.0)
+        return _shifted(answers, moved, launch.random(size), model.accuracy)
 
 
-@functools.cache
+def _shifted(answers: np.ndarray, shift: float, draws: np.ndarray, accuracy: float) -> np.ndarray:
+    """Answers moved by `shift` in expectation: a share of the right ones made wrong, or of the wrong ones right."""
+    if shift < 0:
+        return answers & ~(draws < -shift / accuracy)
+    if shift > 0:
+        return answers | (draws < shift / (1 - accuracy))
+    return answers
+
+
+RECORDS: dict[tuple[int, bool], QuestionRecord] = {}
+
+
 def record(index: int, correct: bool) -> QuestionRecord:
     """One answer (shared between cells: records are never changed once made)."""
-    return QuestionRecord.model_construct(index=index, prompt_sha="", gold="1", pred="1" if correct else "2",
-                                          pred_strict=None, correct=correct, correct_strict=correct,
-                                          finish_reason="stop", output="", latency_s=0.0, output_tokens=1,
-                                          attempts=1, error=None)
+    key = (index, correct)
+    if key not in RECORDS:
+        RECORDS[key] = QuestionRecord.model_construct(
+            index=index, prompt_sha="", gold="1", pred="1" if correct else "2", pred_strict=None, correct=correct,
+            correct_strict=correct, finish_reason="stop", output="", latency_s=0.0, output_tokens=1, attempts=1,
+            error=None, teacher=None)
+    return RECORDS[key]
 
 
 class MemoryHistory:
-    """The previous night, as `History` would read it back: each cell's answers where it passed."""
+    """Earlier nights as `History` reads them back: each cell's last answers that were not a
+    regression, and the pin (the first night that was not red, with `pinned_run: auto`)."""
 
-    def __init__(self, passed: dict[str, CellOutcome]) -> None:
-        self.passed = passed
+    def __init__(self, pinning: bool) -> None:
+        self.pinning = pinning
+        self.last: dict[str, tuple[str, CellOutcome]] = {}
+        self.pin: dict[str, tuple[str, CellOutcome]] | None = None
 
-    def last_pass(self, cell_id: str) -> tuple[str, CellOutcome] | None:
-        found = self.passed.get(cell_id)
-        return ("previous-night", found) if found is not None else None
+    def baseline(self, cell_id: str) -> tuple[str, CellOutcome] | None:
+        return self.last.get(cell_id)
 
-    def pinned(self, cell_id: str) -> None:
-        return None
+    def pinned(self, cell_id: str) -> tuple[str, CellOutcome] | None:
+        return self.pin.get(cell_id) if self.pin else None
+
+    def remember(self, night: int, verdicts: dict[str, tuple[Status, CellOutcome | None]]) -> None:
+        name = f"night-{night}"
+        for cell_id, (status, outcome) in verdicts.items():
+            if status in BASELINE_STATUSES and outcome is not None:
+                self.last[cell_id] = (name, outcome)
+        if self.pinning and self.pin is None and not any(s.is_regression for s, _ in verdicts.values()):
+            self.pin = {cell_id: (name, outcome) for cell_id, (status, outcome) in verdicts.items()
+                        if status in BASELINE_STATUSES and outcome is not None}
 
 
 @dataclass
 class Night:
-    inputs: RunInputs
-    answers: Answers
-    scenario: Scenario
-    history: dict[str, CellOutcome]
-    judged: bool  # the second night: references lucky, reference broken as the scenario says
-    number: int = 0  # which night of the trial (its noise)
-    tonight: dict[str, np.ndarray] | None = None
+    """One night of a suite, played through the product's gating and extension."""
 
-    def play(self) -> dict[str, tuple[Status, CellOutcome | None]]:
-        """Every cell's final verdict and answers, through the product's gating and extension."""
+    inputs: RunInputs
+    world: World
+    number: int
+    shifts: dict[str, float]  # cell -> this launch's shift
+    launch_sd: float
+
+    def play(self, history: MemoryHistory | None) -> dict[str, tuple[Status, CellOutcome | None]]:
         cells = list(self.inputs.matrix.cells)
-        lucky = self.judged and self.scenario.lucky_sd > 0
-        self.tonight = {c.cell_id: self.answers.night(c, self.number, lucky and c.is_reference) for c in cells}
-        gating = Gating(self.inputs.loaded.suite.gate, run_budget(self.inputs), "fp", MemoryHistory(self.history),
-                        Sinks([]))
+        self.position = {q: i for i, q in enumerate(self.world.questions)}
+        self.tonight = {c.cell_id: self.world.answers(c, self.number, self.shifts.get(c.cell_id, 0.0), self.launch_sd)
+                        for c in cells}
         budget = run_budget(self.inputs)
         self.early_stop = budget.early_stop
+        gating = Gating(self.inputs.loaded.suite.gate, budget, "fp", history or MemoryHistory(False), Sinks([]))
         self.schedule(cells, self.inputs.plan, lambda cell, outcome, log, console: gating.offer(cell, outcome, log))
         extend(self.inputs, gating, self.schedule)
         gating.release_waiting()
-        self.results = list(gating.results().values())
         return {cell_id: (result.status, gating.answers(cell_id)) for cell_id, result in gating.results().items()}
-
-    def broken(self, cell: Cell) -> str | None:
-        first_model = self.inputs.matrix.cells[0].model.id
-        if self.judged and cell.is_reference and cell.model.id == first_model:
-            return self.scenario.broken_reference
-        return None
 
     def schedule(self, cells: list[Cell], plan: ProtocolPlan, on_outcome: Callable, label: str = "") -> None:
         main = plan is self.inputs.plan
         for cell in cells:
-            on_outcome(cell, self.outcome(cell, plan, main), "", QUIET)
-
-    def outcome(self, cell: Cell, plan: ProtocolPlan, main: bool) -> CellOutcome:
-        if self.broken(cell) == "error":
-            return CellOutcome(cell_id=cell.cell_id, args=[],
-                               error=CellError(kind=ErrorKind.CRASHED, message="server exited with code 1"))
-        answers = self.tonight[cell.cell_id]
-        records = [record(p.index, bool(answers[self.answers.position[p.index]])) for p in plan.prompts]
-        if self.broken(cell) == "stopped" and main:
-            records[:20] = [record(r.index, False) for r in records[:20]]
-        stopped = None
-        if main and self.early_stop > 0 and cell.model.floor > 0:  # as CellJobs builds it: test questions
-            test = [r for r in records if r.is_test]
-            rule = EarlyStop(cell.model.floor, len(test), self.early_stop, order=tuple(r.index for r in test))
-            for look, _ in rule.thresholds:
-                stopped = rule.test_look(look, test[:look])
-                if stopped:
-                    records = test[:look]
-                    break
-        return CellOutcome(cell_id=cell.cell_id, args=[], score=score(records, 1.0), questions=records,
-                           stopped_early=stopped)
+            answers = self.tonight[cell.cell_id]
+            records = [record(p.index, bool(answers[self.position[p.index]])) for p in plan.prompts]
+            stopped = None
+            if main and self.early_stop > 0 and cell.model.floor > 0:  # as CellJobs builds it: test questions
+                test = [r for r in records if r.is_test]
+                rule = EarlyStop(cell.model.floor, len(test), self.early_stop, order=tuple(r.index for r in test))
+                for look, _ in rule.thresholds:
+                    stopped = rule.test_look(look, test[:look])
+                    if stopped:
+                        records = test[:look]
+                        break
+            on_outcome(cell, CellOutcome(cell_id=cell.cell_id, args=[], score=score(records, 1.0), questions=records,
+                                         stopped_early=stopped), "", QUIET)
 
 
-def suite_inputs(name: str, data, scenario: Scenario) -> RunInputs:
-    loaded = load_suite(ROOT / "configs" / f"{name}.yaml")
-    plan = build_plan(data, loaded.suite.protocol, loaded.suite.num_questions, loaded.suite.seed,
-                      loaded.suite.max_tokens)
-    floor = round(ACCURACY - scenario.floor_below, 4)
-    return with_floors(RunInputs(loaded, Matrix(()), data, plan), {m.id: floor for m in loaded.suite.models})
+@dataclass
+class Suite:
+    """A shipped suite, its questions, and its models' floors set from one world's accuracies."""
+
+    name: str
+    inputs: RunInputs
+    questions: list[int]
+
+    @classmethod
+    def load(cls, name: str, data) -> Suite:
+        loaded = load_suite(ROOT / "configs" / f"{name}.yaml")
+        spec = loaded.suite
+        plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
+        asked = [p.index for p in plan.prompts]
+        more = extension_plan(data, plan, (spec.gate.extend_to or 0) - len(asked))
+        questions = asked + ([p.index for p in more.prompts] if more else [])
+        return cls(name, RunInputs(loaded, Matrix(expand(spec).cells), data, plan), questions)
+
+    def configured(self, world: World, scenario: Scenario) -> RunInputs:
+        """This suite with its models' accuracy (hence floor) and launch_sd as the scenario's world has them."""
+        spec = self.inputs.loaded.suite
+        margin = spec.gate.floor_margin
+        models = []
+        for model in spec.models:
+            accuracy = world.models[model.id].accuracy
+            floor = accuracy - spec.gate.tolerance if scenario.at_tolerance else accuracy - margin
+            models.append(model.model_copy(update={
+                "accuracy": accuracy, "floor": round(max(floor, 0.0), 4),
+                "launch_sd": scenario.launch_sd if scenario.launch_sd_known else 0.0}))
+        gate = spec.gate.model_copy(update={"pinned_run": "auto" if scenario.pinned else None})
+        spec = spec.model_copy(update={"models": models, "gate": gate})
+        loaded = self.inputs.loaded.model_copy(update={"suite": spec})
+        return RunInputs(loaded, Matrix(expand(spec).cells), self.inputs.data, self.inputs.plan)
+
+    def first_model(self, inputs: RunInputs) -> str:
+        return inputs.matrix.cells[0].model.id
 
 
-def with_floors(inputs: RunInputs, floors: dict[str, float]) -> RunInputs:
-    """The same suite with these model floors (its matrix expanded again: cells carry their model)."""
-    spec = inputs.loaded.suite
-    models = [m.model_copy(update={"floor": floors.get(m.id, m.floor)}) for m in spec.models]
-    spec = spec.model_copy(update={"models": models})
-    return RunInputs(inputs.loaded.model_copy(update={"suite": spec}), Matrix(expand(spec).cells), inputs.data,
-                     inputs.plan)
+def interval(events: int, trials: int) -> str:
+    if trials == 0:
+        return "-"
+    ci = binomtest(events, trials).proportion_ci(method="exact")
+    return f"{events / trials:.1%} [{ci.low * 100:.1f}, {ci.high * 100:.1f}] ({events}/{trials})"
 
 
-def questions_of(data, plan: ProtocolPlan, extend_to: int | None) -> list[int]:
-    from harness.benchmark.gsm8k.protocol import extension_plan
-
-    asked = [p.index for p in plan.prompts]
-    more = extension_plan(data, plan, (extend_to or 0) - len(asked))
-    return asked + ([p.index for p in more.prompts] if more else [])
+def _any(verdicts: dict, status: Status, excluded: set[str] = frozenset()) -> bool:
+    return any(s is status for cell_id, (s, _) in verdicts.items() if cell_id not in excluded)
 
 
-def play_trial(inputs: RunInputs, data, scenario: Scenario, seed: int, dropped: dict[str, float] | None = None
-               ) -> tuple[dict, dict]:
-    """(first night's verdicts, second night's verdicts) of one trial."""
-    questions = questions_of(data, inputs.plan, inputs.loaded.suite.gate.extend_to)
-    dropped = dropped if dropped is not None else _dropped(inputs, scenario)
-    answers = Answers(seed, questions, [p.index for p in inputs.plan.prompts], scenario, list(inputs.matrix.cells),
-                      dropped)
-    if scenario.calibration_nights:
-        measured = []
-        for number in range(scenario.calibration_nights):
-            night = Night(inputs, answers, scenario, {}, judged=False, number=10 + number)
-            night.play()
-            measured.append((RunInfo(run_id=f"calibration-{number}", suite="s", config_path="", config_sha256="",
-                                     engine="sim", harness_version="", protocol="", started_at=""), night.results))
-        floors = {p.model: p.proposed for p in propose_floors(measured, {m.id: m.floor for m in
-                                                                         inputs.loaded.suite.models})}
-        inputs = with_floors(inputs, floors)
-    first = Night(inputs, answers, scenario, {}, judged=False).play()
-    history = {cell_id: outcome for cell_id, (status, outcome) in first.items()
-               if status is Status.PASS and outcome is not None and cell_id not in dropped}
-    second = Night(inputs, answers, scenario, history, judged=True, number=1).play()
-    return first, second
+def model_cells(inputs: RunInputs, model: str) -> list[str]:
+    return [c.cell_id for c in inputs.matrix.cells if c.model.id == model]
 
 
-def _dropped(inputs: RunInputs, scenario: Scenario) -> dict[str, float]:
-    if not scenario.dropped_cell:
-        return {}
-    first_model = inputs.matrix.cells[0].model.id
-    cell = next(c for c in inputs.matrix.cells if c.model.id == first_model and not c.is_reference)
-    return {cell.cell_id: scenario.dropped_cell}
+def dropped_cell(inputs: RunInputs, model: str) -> str:
+    return next(c.cell_id for c in inputs.matrix.cells if c.model.id == model and not c.is_reference)
 
 
-def calibration(data, suites: list[str], nights: int, chosen: list[int] | None = None, first_trial: int = 0) -> None:
-    print(f"healthy nights ({nights} trials of two nights each; the second has the first as history)")
-    print(f"  {'suite':<8} {'scenario':<24} {'any fail':>9} {'any fail (1st night)':>21} {'any inconclusive':>17}"
-          f" {'extended':>9} {'dropped cell passed':>20}")
+def trial(suite: Suite, scenario: Scenario, seed: int) -> dict[str, bool]:
+    """One trial's events (name -> happened)."""
+    first_model = suite.first_model(suite.inputs)
+    target = dropped_cell(suite.inputs, first_model)
+    world = World.draw(seed, suite.questions, suite.inputs, scenario, frozenset({target}) if scenario.dropped else frozenset())
+    inputs = suite.configured(world, scenario)
+    mine = model_cells(inputs, first_model)
+    events: dict[str, bool] = {}
+    if scenario.drift:
+        history = MemoryHistory(scenario.pinned)
+        caught = None
+        for night in range(10):
+            shifts = {c: -scenario.drift * night for c in mine}
+            verdicts = Night(inputs, world, night, shifts, scenario.launch_sd).play(history)
+            if caught is None and _any(verdicts, Status.FAIL):
+                caught = night
+            history.remember(night, verdicts)
+        events.update({f"caught by night {n}": caught is not None and caught <= n for n in (4, 5, 6, 8, 9)})
+        return events
+    first_shift = {c: scenario.first_night_shift for c in mine} if scenario.first_night_shift else {}
+    first = Night(inputs, world, 0, first_shift, scenario.launch_sd).play(None)
+    if scenario.first_night_shift:
+        events["red"] = _any(first, Status.FAIL)
+        return events
+    history = MemoryHistory(scenario.pinned)
+    history.remember(0, first)
+    shifts = {c: scenario.second_night_shift for c in mine} if scenario.second_night_shift else {}
+    if scenario.dropped:
+        shifts[target] = -scenario.dropped
+        second = Night(inputs, world, 1, shifts, scenario.launch_sd).play(history)
+        alone = Night(inputs, world, 1, shifts, scenario.launch_sd).play(None)
+        events["passed (with history)"] = second[target][0] is Status.PASS
+        events["passed (first night)"] = alone[target][0] is Status.PASS
+        events["caught (with history)"] = second[target][0] is Status.FAIL
+        return events
+    second = Night(inputs, world, 1, shifts, scenario.launch_sd).play(history)
+    if not scenario.second_night_shift:
+        events["red (first night)"] = _any(first, Status.FAIL)
+    events["red (with history)"] = _any(second, Status.FAIL)
+    events["green (with history)"] = all(s is Status.PASS for s, _ in second.values())
+    events["green (first night)"] = all(s is Status.PASS for s, _ in first.values())
+    return events
+
+
+SCENARIOS = {
+    "healthy": Scenario("healthy"),
+    "launch spread, launch_sd known": Scenario("launch spread", launch_sd=0.005),
+    "launch spread, launch_sd 0": Scenario("launch spread", launch_sd=0.005, launch_sd_known=False),
+    "build shift 1 pt": Scenario("build shift", second_night_shift=-0.01),
+    "least favourable": Scenario("least favourable", offsets=False, at_tolerance=True),
+    "model-wide break 10 pts": Scenario("break", first_night_shift=-0.10),
+    "3-pt drop": Scenario("3-pt drop", dropped=0.03),
+    "2-pt drop": Scenario("2-pt drop", dropped=0.02),
+    "drift 0.5 pt/night, pinned": Scenario("drift", drift=0.005),
+    "drift 0.5 pt/night, no pin": Scenario("drift", drift=0.005, pinned=False),
+}
+FEWER = {"model-wide break 10 pts": 4, "3-pt drop": 2, "2-pt drop": 2, "drift 0.5 pt/night, pinned": 4,
+         "drift 0.5 pt/night, no pin": 4}  # their claims need fewer trials (>= 95%, <= 5%): a quarter or half
+
+
+def scenarios(data, suites: list[str], trials: int, chosen: list[str], console: Console) -> None:
     for name in suites:
-        for number, scenario in enumerate(SCENARIOS):
-            if chosen is not None and number not in chosen:
-                continue
-            inputs = suite_inputs(name, data, scenario)
-            dropped = _dropped(inputs, scenario)
-            excluded = set(dropped)
-            if scenario.broken_reference:  # that reference is broken: its own fail is right, not a false alarm
-                first_model = inputs.matrix.cells[0].model.id
-                excluded |= {c.cell_id for c in inputs.matrix.cells if c.model.id == first_model and c.is_reference}
-            fails = first_fails = undecided = extended = dropped_passed = 0
-            for trial in range(first_trial, first_trial + nights):
-                first, second = play_trial(inputs, data, scenario, seed=trial * 7919 + number)
-                healthy = {k: v for k, v in second.items() if k not in excluded}
-                fails += any(status is Status.FAIL for status, _ in healthy.values())
-                first_fails += any(s is Status.FAIL for k, (s, _) in first.items() if k not in excluded)
-                undecided += any(status is Status.INCONCLUSIVE for status, _ in healthy.values())
-                extended += any(o is not None and len(o.questions) > len(inputs.plan.prompts)
-                                for _, o in second.values())
-                dropped_passed += any(second[k][0] is Status.PASS for k in dropped)
-            cells = len(inputs.matrix.cells)
-            print(f"  {name + f' {cells}':<8} {scenario.name:<24} {fails / nights:>9.1%} {first_fails / nights:>21.1%} "
-                  f"{undecided / nights:>17.1%} {extended / nights:>9.0%} "
-                  f"{(f'{dropped_passed} of {nights}' if dropped else '-'):>20}", flush=True)
+        suite = Suite.load(name, data)
+        console.print(f"[bold]{name}[/]: {len(suite.inputs.matrix.cells)} cells, {len(suite.inputs.plan.prompts)} "
+                      f"questions (up to {len(suite.questions)})")
+        for key in chosen:
+            scenario = SCENARIOS[key]
+            count = max(1, trials // FEWER.get(key, 1))
+            totals: dict[str, int] = {}
+            for number in range(count):
+                seed = number * 7919 + zlib.crc32(key.encode()) % 1000
+                for event, happened in trial(suite, scenario, seed).items():
+                    totals[event] = totals.get(event, 0) + happened
+            console.print(f"  {key}: " + "; ".join(f"{event} {interval(n, count)}" for event, n in totals.items()),
+                          soft_wrap=True)
 
 
-def power(data, trials: int) -> None:
-    print(f"power: one nightly cell loses 3 points ({trials} trials each; fail = caught)")
-    print(f"  {'agreement':>9} {'with history':>13} {'first night':>12} {'inconclusive':>13}")
-    for agreement in (0.95, 0.98):
-        scenario = Scenario("power", agreement=agreement)
-        inputs = suite_inputs("nightly", data, scenario)
-        target = next(c for c in inputs.matrix.cells if not c.is_reference)
-        caught = first_caught = undecided = 0
-        for trial in range(trials):
-            # The drop arrives on the second night: the first night is the cell's healthy history.
-            questions = questions_of(data, inputs.plan, inputs.loaded.suite.gate.extend_to)
-            planned = [p.index for p in inputs.plan.prompts]
-            healthy = Answers(trial, questions, planned, scenario, list(inputs.matrix.cells), {})
-            first = Night(inputs, healthy, scenario, {}, judged=False).play()
-            history = {k: o for k, (s, o) in first.items() if s is Status.PASS and o is not None}
-            broken = Answers(trial, questions, planned, scenario, list(inputs.matrix.cells), {target.cell_id: 0.03})
-            second = Night(inputs, broken, scenario, history, judged=False, number=1).play()
-            alone = Night(inputs, broken, scenario, {}, judged=False, number=1).play()
-            caught += second[target.cell_id][0] is Status.FAIL
-            undecided += second[target.cell_id][0] is Status.INCONCLUSIVE
-            first_caught += alone[target.cell_id][0] is Status.FAIL
-        print(f"  {agreement:>9.2f} {caught / trials:>13.1%} {first_caught / trials:>12.1%} "
-              f"{undecided / trials:>13.1%}", flush=True)
-
-
-def early_stop(data) -> None:
-    """The incident's cells (accuracy 0.06-0.34) on the nightly and the demo, broken answers last."""
-    for name in ("demo", "nightly"):
-        inputs = suite_inputs(name, data, Scenario("incident", floor_below=0.05))
-        rule_alpha = run_budget(inputs).early_stop
-        planned = list(inputs.plan.test_indices())  # what the looks see
-        decided = []
-        for strength in (0.66, 0.80, 0.94):
-            rng = random.Random(int(strength * 100))
-            right = {i: rng.random() < ACCURACY * (1 - strength) for i in planned}
-            arrival = sorted(planned, key=lambda i: not right[i])  # right answers first, junk last
-            looks = Looks(EarlyStop(ACCURACY - 0.05, len(planned), rule_alpha, order=tuple(planned)))
-            for count, i in enumerate(arrival, start=1):
-                reason = looks.add(record(i, right[i]))
-                if reason:
-                    decided.append((int(reason.split("first ")[1].split(" ")[0]), count))
-                    break
-        print(f"early stop ({name}, {rule_alpha:.2g} per cell over its looks): incident cells decided at the look "
-              f"after (look, answers back) = {decided}; first look at 20 of {len(planned)}")
+def size(console: Console, quick: bool) -> None:
+    """The exact chance that the margin test and Tango's score test reject when the drop is exactly
+    the margin, with few gains (where the score test's normal tail is too thin)."""
+    cases = [(1319, 0.015, 0.0015, 1e-5)] if quick else [
+        (n, margin, gain_rate, alpha) for n in (1319, 2638) for margin in (0.01, 0.015)
+        for gain_rate in (0.0005, 0.0015, 0.005, 0.015) for alpha in (1e-6, 1e-5, 1e-4)]
+    worst = {"exact": 0.0, "score": 0.0}
+    console.print("size at the margin (the chance of rejecting / alpha; <= 1 keeps the budget):")
+    for n, margin, gain_rate, alpha in cases:
+        ratios = {}
+        for name in worst:
+            rejected = 0.0
+            loss_rate = gain_rate + margin
+            gains = np.arange(0, int(n * gain_rate + 12 * math.sqrt(n * gain_rate) + 10))
+            losses = np.arange(0, int(n * loss_rate + 12 * math.sqrt(n * loss_rate) + 10))
+            for g in gains:
+                mass = binom.pmf(g, n, gain_rate) * binom.pmf(losses, n - g, loss_rate / (1 - gain_rate))
+                for lost, m in zip(losses, mass, strict=True):
+                    if m < 1e-14:
+                        continue
+                    p = (drop_above_margin_p(int(lost), int(g), n, margin) if name == "exact"
+                         else float(norm.sf(_tango_z(float(lost), float(g), n, margin))))
+                    rejected += m * (p < alpha)
+            ratios[name] = rejected / alpha
+            worst[name] = max(worst[name], ratios[name])
+        console.print(f"  n {n}, margin {margin}, discordance {2 * gain_rate + margin:.4f}, alpha {alpha:g}: "
+                      f"exact {ratios['exact']:.2f}, score {ratios['score']:.2f}")
+    console.print(f"  worst of {len(cases)}: exact {worst['exact']:.2f}, score {worst['score']:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nights", type=int, default=200)
-    parser.add_argument("--trials", type=int, default=200)
-    parser.add_argument("--suites", default="demo,nightly")
-    parser.add_argument("--only", default="calibration,power,early-stop")
-    parser.add_argument("--scenarios", default=None, help="Scenario numbers to play (0-based, comma-separated)")
-    parser.add_argument("--first-trial", type=int, default=0, help="Start at this trial (more nights, other seeds)")
+    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--suites", default="pr,nightly")
+    parser.add_argument("--only", default="size,scenarios", help="size, scenarios (comma-separated)")
+    parser.add_argument("--scenarios", default=None, help="Scenario names to play (comma-separated; default all)")
+    parser.add_argument("--quick", action="store_true", help="1 trial of each scenario on the PR suite, one size case")
     args = parser.parse_args()
-    data = load_gsm8k()
+    console = Console(width=200)
     parts = args.only.split(",")
-    if "early-stop" in parts:
-        early_stop(data)
-    if "calibration" in parts:
-        chosen = [int(n) for n in args.scenarios.split(",")] if args.scenarios else None
-        calibration(data, args.suites.split(","), args.nights, chosen, args.first_trial)
-    if "power" in parts:
-        power(data, args.trials)
+    if "size" in parts:
+        size(console, args.quick)
+    if "scenarios" in parts:
+        chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+        unknown = [key for key in chosen if key not in SCENARIOS]
+        if unknown:
+            parser.error(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}")
+        suites = ["pr"] if args.quick else args.suites.split(",")
+        scenarios(load_gsm8k(), suites, 1 if args.quick else args.trials, chosen, console)
 
 
 if __name__ == "__main__":

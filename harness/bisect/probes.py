@@ -59,7 +59,7 @@ def run_bisect(request: BisectRequest, results_dir: Path, console: Console) -> B
             return outcome
 
         def judge_probe(outcome: CellOutcome, reference: CellOutcome) -> tuple[bool, str, float | None]:
-            # The good commit's answers are the same cell's, as a history run's: any significant drop counts.
+            # The good commit's answers are the same cell's, as a history run's: a drop beyond gate.history_margin counts.
             stage = Stage(alpha=Budget(spec.gate.alpha, 1, early_stop_share=0.0).stage(1))
             verdict = judge(outcome, cell.model.floor, spec.gate, stage, history=reference)
             if verdict.status is Status.ERROR:

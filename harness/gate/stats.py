@@ -37,18 +37,19 @@ def below_floor_p(correct: int, n: int, floor: float) -> float:
 
 @dataclass(frozen=True)
 class Paired:
-    """A cell against its reference on the questions both answered."""
+    """A cell against another side (its reference, its own earlier run) on the questions both answered."""
 
     n: int
     agreement: float
-    losses: int  # reference right, cell wrong
-    gains: int  # cell right, reference wrong
+    losses: int  # the other side right, the cell wrong
+    gains: int  # the cell right, the other side wrong
     accuracy: float
     reference_accuracy: float
-    drop: float  # reference accuracy minus cell accuracy
+    drop: float  # the other side's accuracy minus the cell's
     drop_ci: tuple[float, float]
     margin: float  # the null hypothesis: drop <= margin
-    p_drop: float  # one-sided: the drop exceeds `margin` (exact McNemar when the margin is 0)
+    p_drop: float  # one-sided: the drop exceeds `margin` (see drop_above_margin_p)
+    launch_sd: float = 0.0  # one launch's accuracy spread beyond its questions (harness.gate.stats)
 
     @property
     def p_change(self) -> float:
@@ -59,10 +60,12 @@ class Paired:
         return float(binomtest(self.losses, discordant, 0.5).pvalue) if discordant else 1.0
 
     def drop_upper(self, confidence: float) -> float:
-        """One-sided upper confidence bound of the drop (normal approximation, as `drop_ci`)."""
+        """One-sided upper confidence bound of the drop (normal approximation, as `drop_ci`, with
+        both launches' spread added)."""
         from scipy.stats import norm
 
-        return self.drop + float(norm.ppf(confidence)) * _drop_sd(self.losses, self.gains, self.n)
+        sd = math.hypot(_drop_sd(self.losses, self.gains, self.n), math.sqrt(2) * self.launch_sd)
+        return self.drop + float(norm.ppf(confidence)) * sd
 
 
 def _drop_sd(losses: int, gains: int, n: int) -> float:
@@ -71,29 +74,80 @@ def _drop_sd(losses: int, gains: int, n: int) -> float:
     return math.sqrt(max((losses + gains) / n - drop**2, 0.0) / n)
 
 
-def drop_above_margin_p(losses: int, gains: int, n: int, margin: float) -> float:
-    """One-sided p-value for "the paired drop exceeds `margin`" on n pairs.
+def _null_gain_rate(losses, gains, n: int, margin: float):
+    """Tango's restricted maximum-likelihood gain rate under "drop = margin" (arrays welcome)."""
+    import numpy as np
 
-    margin 0: McNemar's exact test (the discordant pairs split 50/50 under no drop). margin > 0:
-    Tango's score test for a difference of paired proportions (Tango 1998, Statistics in Medicine
-    17:891), which reduces to McNemar's z at margin 0 and keeps its size near nominal for the
-    discordant counts GSM8K cells have (tens to hundreds)."""
-    from scipy.stats import binomtest, norm
-
-    if margin == 0:
-        discordant = losses + gains
-        return float(binomtest(losses, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
     a = 2 * n
     b = -losses - gains + (2 * n - losses + gains) * margin
     c = -gains * margin * (1 - margin)
-    gain_rate = (-b + math.sqrt(max(b * b - 4 * a * c, 0.0))) / (2 * a)  # restricted MLE under the null
-    scale = math.sqrt(n * (2 * gain_rate + margin * (1 - margin)))
-    return float(norm.sf((losses - gains - n * margin) / scale)) if scale > 0 else 1.0
+    return (-b + np.sqrt(np.maximum(b * b - 4 * a * c, 0.0))) / (2 * a)
+
+
+def _tango_z(losses, gains, n: int, margin: float):
+    """Tango's score statistic for "drop > margin" (Tango 1998, Statistics in Medicine 17:891)."""
+    import numpy as np
+
+    scale = np.sqrt(n * (2 * _null_gain_rate(losses, gains, n, margin) + margin * (1 - margin)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (losses - gains - n * margin) / scale
+    return np.where(scale > 0, z, np.where(losses - gains - n * margin > 0, np.inf, -np.inf))
+
+
+TAIL_SDS = 9.0  # the exact tail sums over counts within this many sd of the null's means (the rest < 1e-18)
+
+
+def _exact_tail(losses: int, gains: int, n: int, margin: float) -> float:
+    """P(Tango's z >= the observed z) under "drop = margin", summed exactly over the trinomial of
+    (losses, gains) at the null's fitted gain rate: Krishnamoorthy's E-test. The score test's
+    normal tail is too small at the tiny alphas a run's budget gives a test when discordant pairs
+    are few (4x at 1% discordance); this sum follows the counts' discreteness and skew instead."""
+    import numpy as np
+    from scipy.stats import binom
+
+    observed = float(_tango_z(np.float64(losses), np.float64(gains), n, margin))
+    gain_rate = float(_null_gain_rate(np.float64(losses), np.float64(gains), n, margin))
+    loss_rate = min(gain_rate + margin, 1.0)
+    g = _span(n * gain_rate, math.sqrt(n * gain_rate * (1 - gain_rate)), n)
+    l_ = _span(n * loss_rate, math.sqrt(n * loss_rate * (1 - loss_rate)), n)
+    grid_g, grid_l = np.meshgrid(g, l_, indexing="ij")
+    possible = grid_g + grid_l <= n
+    conditional = loss_rate / (1 - gain_rate) if gain_rate < 1 else 0.0
+    mass = binom.pmf(grid_g, n, gain_rate) * binom.pmf(grid_l, n - grid_g, min(conditional, 1.0))
+    z = _tango_z(grid_l.astype(float), grid_g.astype(float), n, margin)
+    return float(min(1.0, np.sum(mass[possible & (z >= observed - 1e-9)])))
+
+
+def _span(mean: float, sd: float, n: int):
+    import numpy as np
+
+    low = max(0, math.floor(mean - TAIL_SDS * sd - 3))
+    return np.arange(low, min(n, math.ceil(mean + TAIL_SDS * sd + 3)) + 1)
+
+
+def drop_above_margin_p(losses: int, gains: int, n: int, margin: float, launch_sd: float = 0.0) -> float:
+    """One-sided p-value for "the paired drop exceeds `margin`" on n pairs.
+
+    margin 0: McNemar's exact test (the discordant pairs split 50/50 under no drop). margin > 0:
+    the exact tail of Tango's score statistic at the null's fitted gain rate (`_exact_tail`).
+    `launch_sd` > 0: each side's launch also moves its accuracy by N(0, launch_sd) whatever its
+    questions (another node, autotuned kernels): the score statistic's variance gains both
+    launches' (2 launch_sd^2) and its tail is normal (the launches' part is continuous)."""
+    from scipy.stats import binomtest, norm
+
+    if launch_sd > 0:
+        rate = float(_null_gain_rate(float(losses), float(gains), n, margin))
+        variance = (2 * rate + margin * (1 - margin)) / n + 2 * launch_sd**2
+        return float(norm.sf(((losses - gains) / n - margin) / math.sqrt(variance)))
+    if margin == 0:
+        discordant = losses + gains
+        return float(binomtest(losses, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
+    return _exact_tail(losses, gains, n, margin)
 
 
 def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], margin: float = 0.0,
-                      confidence: float = 0.95) -> Paired | None:
-    """Losses and gains against the reference on shared questions, the test of "drop > margin",
+                      confidence: float = 0.95, launch_sd: float = 0.0) -> Paired | None:
+    """Losses and gains against the other side on shared questions, the test of "drop > margin",
     and a normal interval for the paired drop."""
     from scipy.stats import norm
 
@@ -110,4 +164,5 @@ def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], margin:
     discordant = losses + gains
     return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,
                   reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - half, drop + half),
-                  margin=margin, p_drop=drop_above_margin_p(losses, gains, n, margin))
+                  margin=margin, p_drop=drop_above_margin_p(losses, gains, n, margin, launch_sd),
+                  launch_sd=launch_sd)

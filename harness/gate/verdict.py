@@ -6,10 +6,13 @@
   test split below the model's floor (exact binomial); a drop against the reference cell beyond
   `gate.tolerance` (paired, on the same questions); teacher-forced log-probabilities that diverge
   from the reference cell's on more questions than a healthy cell's do (harness.gate.divergence);
-  a drop against the cell's own last passing run or the pinned run (exact McNemar); or the
-  early-stop test stopped the cell.
-- `pass`: no test rejected, and none leaves a harmful drop open (see `judge`).
-- `inconclusive`: no test rejected, but one leaves it open: extended when the suite can, else final.
+  a drop beyond `gate.history_margin` against the cell's own last run that was not a regression, or
+  against the pinned run; or the early-stop test stopped the cell.
+- `pass`: no test rejected, and every paired drop is bounded under `gate.min_effect` (its upper
+  confidence bound at `gate.pass_confidence`), at every stage: a pass says "it dropped by less than
+  min_effect", never only "no drop was proven".
+- `inconclusive`: no test rejected, but a drop's bound (or the floor) leaves it open: extended when
+  the suite can, else final.
 """
 
 from __future__ import annotations
@@ -22,20 +25,29 @@ from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
 
+HISTORY_LABEL = "the last run"  # the newest earlier run in which the cell was not a regression
 MIN_SHARED_SHARE = 0.5  # a paired test on fewer shared questions than this share of the cell's proves little
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One judgement of a cell: the alpha for all its tests at this stage, whether an undecided
-    cell can still be extended (then a pass needs confidence, not only a small estimate), and
-    whether the floor is tested again (stage 2 only when the extension added test questions: on
-    the same answers, stage 1's floor test stands and spends nothing more)."""
+    """One judgement of a cell: the alpha for all its tests at this stage, and whether the floor is
+    tested again (stage 2 only when the extension added test questions: on the same answers, stage
+    1's floor test stands and spends nothing more)."""
 
     alpha: float
-    extensible: bool = False
     floor_tested: bool = True
     number: int = 1  # 1: the planned questions; 2: after the extension
+    # The confidence of the drop bounds a pass needs here: gate.pass_confidence, split over the
+    # stages a cell can pass at (`pass_confidence_per_stage`), so that a cell that truly dropped by
+    # min_effect passes at most 1 - gate.pass_confidence of the time over all its chances.
+    pass_confidence: float | None = None
+
+
+def pass_confidence_per_stage(pass_confidence: float, stages: int) -> float:
+    """Each stage's share of the chance that a cell whose drop is min_effect passes: 0.95 over two
+    stages is 0.975 each (a union bound: 2.5% + 2.5%)."""
+    return 1 - (1 - pass_confidence) / max(stages, 1)
 
 
 @dataclass(frozen=True)
@@ -90,37 +102,37 @@ def _floor_part(test_answers: dict[int, bool], floor: float, alpha: float, teste
     return _Part(Status.PASS), p
 
 
-def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, stage: Stage, cell_n: int) -> _Part:
-    """`fail` when the drop beyond the test's margin is significant. Otherwise `pass` when the drop
-    is shown to be under `min_effect` (its upper bound at `pass_confidence`, while the cell can still
-    be extended; its estimate, at the last stage), else `inconclusive`. An earlier run sharing under
-    half the cell's questions (the cell was extended tonight, not then) can fail it, but not hold it
-    undecided: tonight's larger evidence decides that."""
+def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, cell_n: int, confidence: float) -> _Part:
+    """`fail` when the drop beyond the test's margin is significant; `pass` when the drop's upper
+    bound (at `pass_confidence`) is under `min_effect`; else `inconclusive`. An earlier run sharing
+    under half the cell's questions (the cell was extended tonight, not then) can fail it, but not
+    hold it undecided: tonight's larger evidence decides that, and the reason says so."""
     null = f"drop > {paired.margin * 100:.3g} pts" if paired.margin else "a drop"
+    upper = paired.drop_upper(confidence)
     reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared: lost {paired.losses}, "
-              f"gained {paired.gains}, p({null})={paired.p_drop:.2g}")
+              f"gained {paired.gains}, drop {paired.drop * 100:.1f} pts ({confidence:.1%} bound "
+              f"{upper * 100:.1f}), p({null})={paired.p_drop:.2g}")
     if paired.p_drop < alpha:
         return _Part(Status.FAIL, reason + f" < {alpha:.2g}")
-    upper = paired.drop_upper(gate.pass_confidence)
-    shown_small = upper < gate.min_effect if stage.extensible else paired.drop < gate.min_effect
-    if shown_small:
+    if upper < gate.min_effect:
         return _Part(Status.PASS, reason)
-    how = (f"{gate.pass_confidence:.0%} upper bound of the drop {upper * 100:.1f} pts" if stage.extensible
-           else f"a drop of {paired.drop * 100:.1f} pts")
     if label != "reference" and paired.n < MIN_SHARED_SHARE * cell_n:
-        return _Part(Status.PASS, reason + f"; {how}, on too few of the cell's {cell_n} questions to hold it")
-    return _Part(Status.INCONCLUSIVE, reason, f"; {how} not under min_effect {gate.min_effect * 100:.3g} pts")
+        return _Part(Status.PASS, reason + f"; on too few of the cell's {cell_n} questions to hold it")
+    return _Part(Status.INCONCLUSIVE, reason, f"; the bound is not under min_effect {gate.min_effect * 100:.3g} pts")
 
 
-def _comparisons(answers: dict[int, bool], gate: GateSpec, others: dict[str, CellOutcome | None]) -> dict[str, Paired]:
+def _comparisons(answers: dict[int, bool], gate: GateSpec, others: dict[str, CellOutcome | None],
+                 launch_sd: float) -> dict[str, Paired]:
     """label -> the paired comparison with each measured other side that shares a question. The
-    reference may differ by `gate.tolerance`; the cell's own earlier runs (history, pinned) by nothing."""
+    reference may differ by `gate.tolerance`; the cell's own earlier runs (history, pinned) by
+    `gate.history_margin`."""
     found = {}
     for label, other in others.items():
         if other is None or other.score is None or other.error is not None:
             continue
-        margin = gate.tolerance if label == "reference" else 0.0
-        paired = paired_comparison(answers, correctness(other.questions, gate.extraction), margin)
+        margin = gate.tolerance if label == "reference" else gate.own_margin
+        paired = paired_comparison(answers, correctness(other.questions, gate.extraction), margin,
+                                   launch_sd=launch_sd)
         if paired is not None:
             found[label] = paired
     return found
@@ -138,15 +150,16 @@ def _divergence(outcome: CellOutcome, reference: CellOutcome | None, gate: GateS
 def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: CellOutcome | None = None,
           pinned: CellOutcome | None = None, reference_problem: str | None = None,
-          divergence_tolerance: float | None = None) -> Verdict:
+          divergence_tolerance: float | None = None, launch_sd: float = 0.0) -> Verdict:
     """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
     and teacher-forced divergence within the tolerance on all but a healthy share of questions);
-    `history`: the same cell in the last run of the suite where it passed; `pinned`: the same cell
-    in the suite's pinned run (both: no drop). Each is a paired test on the questions both answered;
-    the stage's alpha is split evenly over the tests made. `reference_problem`: why the reference
-    cannot vouch for the cell (it errored, failed, or stopped early): a cell that would pass is then
-    `inconclusive`, since a broken reference proves nothing. `divergence_tolerance`: the model's
-    (nats per token), else the gate's.
+    `history`: the same cell in the last run of the suite where it was not a regression; `pinned`:
+    the same cell in the suite's pinned run (both: drop <= gate.history_margin). Each is a paired
+    test on the questions both answered; the stage's alpha is split evenly over the tests made.
+    `reference_problem`: why the reference cannot vouch for the cell (it errored, failed, or stopped
+    early): a cell that would pass is then `inconclusive`, since a broken reference proves nothing.
+    `divergence_tolerance`: the model's (nats per token), else the gate's. `launch_sd`: the
+    model's launch-to-launch spread (ModelSpec.launch_sd), added to every paired test.
 
     Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
     early = unmeasured(outcome, gate)
@@ -156,8 +169,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     test_answers = correctness([r for r in outcome.questions if r.is_test], gate.extraction)
     n, correct = len(answers), sum(answers.values())
     low, high = wilson_interval(correct, n)
-    found = _comparisons(answers, gate, {"reference": reference, "the last passing run": history,
-                                         "the pinned run": pinned})
+    found = _comparisons(answers, gate, {"reference": reference, HISTORY_LABEL: history,
+                                         "the pinned run": pinned}, launch_sd)
     # Against a reference that cannot vouch (it failed, errored, stopped early), every healthy cell
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
@@ -170,7 +183,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
         status = Status.FAIL
         reasons.append(outcome.stopped_early)
     floor_part, floor_p = _floor_part(test_answers, floor, alpha, floor_tested)
-    parts = [floor_part, *(_paired_part(paired, label, gate, alpha, stage, n) for label, paired in found.items())]
+    parts = [floor_part, *(_paired_part(paired, label, gate, alpha, n, stage.pass_confidence or gate.pass_confidence) for label, paired in found.items())]
     if diverged is not None:  # it can fail the cell, never hold it open (harness.gate.divergence)
         parts.append(_Part(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha)))
     for part in parts:
@@ -184,7 +197,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
         status = Status.INCONCLUSIVE
     if reference_problem:
         reasons.append(reference_problem)
-    history_paired, pinned_paired = found.get("the last passing run"), found.get("the pinned run")
+    history_paired, pinned_paired = found.get(HISTORY_LABEL), found.get("the pinned run")
     return Verdict(status=status, reason="; ".join(reasons), stage=stage.number, accuracy=correct / n, n=n,
                    correct=correct, ci_low=low,
                    ci_high=high, floor_p=floor_p, floor_n=len(test_answers), floor_correct=sum(test_answers.values()),

@@ -54,6 +54,8 @@ def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
     for reason, ids in by_reason.items():
         shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more; --json lists all)" if len(ids) > 3 else "")
         console.print(f"[dim]excluded {len(ids)}: {reason}: {shown}[/]")
+    for warning in loaded.suite.warnings():
+        console.print(f"[yellow]warning[/]: {warning}")
 
 
 def _accuracy(result: CellResult) -> str:

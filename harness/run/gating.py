@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
-from harness.gate.verdict import Stage, judge
+from harness.gate.verdict import Stage, judge, pass_confidence_per_stage
 from harness.records import CellOutcome, CellResult, Status, Throughput, Verdict
 from harness.results.sinks import FinishedCell, Sinks
 from harness.run.history import History
@@ -119,17 +119,18 @@ class Gating:
         if outcome.score is not None and outcome.error is None:
             self._answers[cell.cell_id] = outcome
         reference = None if reference_missing or cell.reference_cell is None else self._answers.get(cell.reference_cell)
-        found = self.history.last_pass(cell.cell_id)
+        found = self.history.baseline(cell.cell_id)
         pinned = self.history.pinned(cell.cell_id)
         if pinned is not None and found is not None and pinned[0] == found[0]:
             pinned = None  # the same run twice is one test, not two
-        judgement = Stage(alpha=self.budget.stage(stage), extensible=stage == 1 and self.budget.extension_share > 0,
-                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew, number=stage)
+        confidence = pass_confidence_per_stage(self.gate.pass_confidence, 2 if self.budget.extension_share else 1)
+        judgement = Stage(alpha=self.budget.stage(stage), pass_confidence=confidence, floor_tested=stage == 1 or cell.cell_id in self._floor_grew, number=stage)
         problem = self._reference_problem(cell, reference_missing)
         if problem:
             self._unvouched.add(cell.cell_id)
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found[1] if found else None,
-                        pinned[1] if pinned else None, problem, cell.model.divergence_tolerance)
+                        pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
+                        cell.model.launch_sd)
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})

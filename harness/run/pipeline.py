@@ -36,7 +36,7 @@ from harness.run.build import RunInputs
 from harness.run.cell import CellJob
 from harness.run.extension import extend
 from harness.run.gating import Gating
-from harness.run.history import History
+from harness.run.history import AUTO_PIN, History
 from harness.run.ray.scheduler import Interrupted, Scheduler
 from harness.run.scheduling.durations import Durations
 from harness.run.scheduling.placement import priority_class, priority_order
@@ -211,8 +211,13 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     suite = inputs.loaded.suite
     history = History.of(archives(options.results_dir, options.tracking_uri), suite.suite,
                          inputs.plan.fingerprint, info.run_id, suite.gate.pinned_run)
-    if history.pinned_problem and not options.quiet:
-        console.print(f"[yellow]warning[/]: {history.pinned_problem}")
+    if not options.quiet:
+        for warning in [*suite.warnings(), *([history.pinned_problem] if history.pinned_problem else [])]:
+            console.print(f"[yellow]warning[/]: {warning}")
+        if history.pinned_run is not None:
+            how = " (auto: the first run of this protocol in which every cell passed)" \
+                if suite.gate.pinned_run == AUTO_PIN else ""
+            console.print(f"pinned run: {history.pinned_run.run_id}{how}; every cell is also paired with it")
     sinks = sinks(store) if sinks else standard_sinks(store, options.tracking_uri, console, options.quiet)
     info = sinks.open(info, _run_params(inputs, store))
     gating = Gating(suite.gate, run_budget(inputs), inputs.plan.fingerprint, history, sinks, inputs.predicted)

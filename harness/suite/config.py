@@ -30,7 +30,16 @@ class ModelSpec(Strict):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
     path: str
     tp: Annotated[int, Field(ge=1, le=64)] = 1
+    # Significantly below it on the test questions is `fail`; 0: not tested. Left out with an
+    # `accuracy` given: that accuracy minus gate.floor_margin.
     floor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    # The model's accuracy on this protocol, measured (`regress calibrate`) or published (say where
+    # in a comment): the floor follows it, and a floor far under it is warned about.
+    accuracy: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    # One launch's accuracy spread (sd, a fraction) beyond its questions' sampling: another node,
+    # autotuned kernels, a warm cache. `regress calibrate` measures it from consecutive runs; every
+    # paired test adds both launches' share to its variance.
+    launch_sd: Annotated[float, Field(ge=0.0, lt=0.2)] = 0.0
     trust_remote_code: bool = False
     extra_args: list[str] = []
     env: dict[str, str] = {}
@@ -94,11 +103,14 @@ class GateSpec(Strict):
 
     alpha: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.01
     # The largest drop against the reference configuration that is harmless (backends differ a
-    # little in numerics): the reference test's null hypothesis is `drop <= tolerance`. The history
-    # and pinned-run tests compare a cell with itself, so any significant drop there counts.
+    # little in numerics): the reference test's null hypothesis is `drop <= tolerance`.
     tolerance: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.01
+    # The largest drop against the cell's own earlier runs (the last run it was not a regression
+    # in, the pinned run) that is harmless: a new build moves every cell a little. Their tests' null
+    # hypothesis is `drop <= history_margin`; null: `tolerance`.
+    history_margin: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     # The smallest drop the suite must catch: a cell passes only when it is confident (at
-    # `pass_confidence`) that it dropped by less; otherwise it is extended, else `inconclusive`.
+    # `pass_confidence`) that every paired drop is smaller; otherwise it is extended, else `inconclusive`.
     min_effect: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.03
     pass_confidence: Annotated[float, Field(gt=0.5, lt=1.0)] = 0.95
     extraction: Literal["strict", "flexible"] = "flexible"
@@ -111,9 +123,13 @@ class GateSpec(Strict):
     extend_to: Annotated[int, Field(ge=1)] | None = None
     # The share of the cells' final alpha kept for the judgement after the extension (stage 2).
     extension_share: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.7
-    # A run of this suite every cell is also paired with (besides the last run it passed in), so a
-    # slow drift of a point a night cannot pass unseen. `regress calibrate SUITE` proposes one.
-    pinned_run: str | None = None
+    # A run of this suite every cell is also paired with (besides its last run), so a slow drift
+    # of a point a night cannot pass unseen. `auto`: the first run of this protocol in which every
+    # cell passed (the job says which); a run id: that run (`regress calibrate SUITE` proposes
+    # one); null: none.
+    pinned_run: str | None = "auto"
+    # A model's floor when it gives its `accuracy` but no floor: this far under it.
+    floor_margin: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.03
     divergence: DivergenceSpec = DivergenceSpec()
 
     @model_validator(mode="before")
@@ -129,7 +145,15 @@ class GateSpec(Strict):
         if self.tolerance >= self.min_effect:
             raise ValueError(f"tolerance ({self.tolerance}) must be below min_effect ({self.min_effect}): a drop "
                              "the gate tolerates cannot also be one it must catch")
+        if self.history_margin is not None and self.history_margin >= self.min_effect:
+            raise ValueError(f"history_margin ({self.history_margin}) must be below min_effect "
+                             f"({self.min_effect}): a drop the gate tolerates cannot also be one it must catch")
         return self
+
+    @property
+    def own_margin(self) -> float:
+        """The history and pinned tests' margin (`history_margin`, else `tolerance`)."""
+        return self.tolerance if self.history_margin is None else self.history_margin
 
 
 class Rule(Strict):
@@ -188,6 +212,25 @@ class Suite(Strict):
         for name, values in axes.items():
             normalised[name] = normalise_axis(name, values)
         return normalised
+
+    @model_validator(mode="after")
+    def _floors_from_accuracy(self) -> Suite:
+        models = [m.model_copy(update={"floor": round(m.accuracy - self.gate.floor_margin, 4)})
+                  if m.accuracy is not None and "floor" not in m.model_fields_set else m for m in self.models]
+        object.__setattr__(self, "models", models)
+        return self
+
+    def warnings(self) -> list[str]:
+        """What validates but weakens the gate: a floor far under the model's accuracy lets a
+        model-wide break (the reference down with its cells) through on a first night."""
+        found = []
+        for model in self.models:
+            if model.accuracy is not None and model.floor < model.accuracy - 2 * self.gate.floor_margin:
+                found.append(f"models.{model.id}.floor {model.floor:.2f} sits {(model.accuracy - model.floor) * 100:.0f}"
+                             f" pts under its accuracy {model.accuracy:.2f}: a break of the whole model (its "
+                             f"reference included) smaller than that is not red on a first night; leave the floor "
+                             f"out (accuracy - gate.floor_margin) or run `regress calibrate`")
+        return found
 
     @field_validator("models")
     @classmethod

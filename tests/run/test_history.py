@@ -1,4 +1,4 @@
-"""What earlier runs give a new one: each cell's last passing answers, and the pinned run's."""
+"""What earlier runs give a new one: each cell's last answers that were not a regression, and the pinned run's."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from harness.run.history import History
 from tests.records import answer, result
 
 
-def info(run_id: str, fingerprint: str = "fp") -> RunInfo:
+def info(run_id: str, fingerprint: str = "fp", counts: dict[str, int] | None = None) -> RunInfo:
     return RunInfo(run_id=run_id, suite="nightly", config_path="", config_sha256="", engine="sim",
                    harness_version="0", protocol="clean", protocol_fingerprint=fingerprint,
-                   started_at=f"2026-12-0{run_id[-1]}T02:00:00+00:00")
+                   started_at=f"2026-12-0{run_id[-1]}T02:00:00+00:00", ended_at=f"2026-12-0{run_id[-1]}T03:00:00+00:00",
+                   counts=counts or {})
 
 
 class MemoryArchive:
@@ -30,15 +31,29 @@ class MemoryArchive:
         return [answer(0, True, prompt_sha=run_id)]
 
 
-def test_each_cell_pairs_with_its_own_last_pass_and_the_pinned_run():
-    archive = MemoryArchive([(info("night-1"), {"a": Status.PASS, "b": Status.PASS}),
-                             (info("night-2"), {"a": Status.FAIL, "b": Status.PASS}),
+def test_each_cell_pairs_with_its_own_last_run_that_was_not_a_regression_and_the_pinned_run():
+    archive = MemoryArchive([(info("night-1"), {"a": Status.PASS, "b": Status.PASS, "c": Status.PASS}),
+                             (info("night-2"), {"a": Status.FAIL, "b": Status.PASS, "c": Status.INCONCLUSIVE}),
                              (info("night-3", "other"), {"a": Status.PASS, "b": Status.PASS})])
     history = History.of(archive, "nightly", "fp", "night-4", pinned_run_id="night-1")
     assert history.pinned_problem is None
-    assert history.last_pass("a")[0] == "night-1"  # night-2 failed it; night-3 asked other questions
-    assert history.last_pass("b")[0] == "night-2"
+    assert history.baseline("a")[0] == "night-1"  # night-2 failed it; night-3 asked other questions
+    assert history.baseline("b")[0] == "night-2"
+    # An undecided night is a baseline too: passing over it would pick the cell's lucky nights.
+    assert history.baseline("c")[0] == "night-2"
     assert history.pinned("b")[0] == "night-1" and history.pinned("b")[1].questions[0].prompt_sha == "night-1"
+    assert history.pinned("c")[0] == "night-1"
+
+
+def test_auto_pins_the_first_run_of_the_protocol_that_was_not_red():
+    archive = MemoryArchive([
+        (info("night-1", "old", {"pass": 3}), {"a": Status.PASS}),  # another protocol: another series
+        (info("night-2", counts={"pass": 2, "fail": 1}), {"a": Status.PASS}),
+        (info("night-3", counts={"pass": 2, "inconclusive": 1, "skipped": 2}), {"a": Status.PASS}),
+        (info("night-4", counts={"pass": 3}), {"a": Status.PASS})])
+    history = History.of(archive, "nightly", "fp", "night-5", pinned_run_id="auto")
+    assert history.pinned_run.run_id == "night-3" and history.pinned("a")[0] == "night-3"
+    assert History.of(archive, "nightly", "new", "night-5", pinned_run_id="auto").pinned_run is None
 
 
 def test_a_pinned_run_that_cannot_be_paired_says_why():
