@@ -21,6 +21,10 @@ def night(tmp_path, with_bug: bool, *extra: str):
     (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
     suite = yaml.safe_load(open("configs/demo.yaml"))
     suite["sim_world"] = str(tmp_path / "world.yaml")
+    # 60 questions cannot bound a drop under 3 points: a loose gate, so that a healthy night passes.
+    suite["gate"].update(tolerance=0.1, min_effect=0.3)
+    for model in suite["models"]:
+        model["floor"] = 0.7
     (tmp_path / "demo.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     return CliRunner().invoke(app, ["run", str(tmp_path / "demo.yaml"), "--results-dir", str(tmp_path / "results"),
                                     "--num-questions", "60", "--select", SELECT, "--quiet", *extra],
@@ -44,7 +48,7 @@ def test_compare_names_the_newly_failing_cell(ray_local, tmp_path):
     calibrated = CliRunner().invoke(app, ["calibrate", str(tmp_path / "demo.yaml"), "--results-dir",
                                           str(tmp_path / "results"), "--num-questions", "60"])
     assert calibrated.exit_code == 0, calibrated.output
-    assert f"pinned_run: {first_night}" in calibrated.output and "kimi-linear: floor: 0." in calibrated.output
+    assert f"pinned_run: {first_night}" in calibrated.output and "kimi-linear: accuracy: 0." in calibrated.output
     assert "still passing" in rows["kimi-linear.ab-triton.um-on.rc-on"]
     assert "+0.000" in rows["kimi-linear.ab-fa3.um-off.rc-on"]  # same world, same answers: no difference
 

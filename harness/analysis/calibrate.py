@@ -1,11 +1,19 @@
-"""Floors and a pinned run from measured runs of a suite (pure): what `regress calibrate` proposes.
+"""Accuracies, floors, launch spreads and a pinned run from measured runs of a suite (pure): what
+`regress calibrate` proposes.
 
-A floor is the accuracy below which a model is broken on this protocol. Hand-set floors a point or
-two too high make the same healthy cell red or inconclusive every night; too low, they catch less.
-The proposal is the lowest 95% lower bound (Wilson) of any passing cell of the model across the
-runs read, rounded down to the hundredth: every healthy cell measured so far was above it with
-room for its own sampling noise, and the floor follows the protocol's size (1,319 questions give a
-tighter bound than 200).
+A model's accuracy on a protocol is the mean test-split accuracy of its cells that were not a
+regression (pass or inconclusive) across the runs read; its floor is that minus gate.floor_margin
+(what the suite derives when it gives `accuracy` and no floor). A floor far under the model lets
+a break of the whole model, its reference included, through on a first night (nothing else
+compares it); hand-set floors a point too high make the same healthy cell undecided every night.
+The lowest accuracy and the lowest 95% lower bound (Wilson) of any such cell are shown beside it.
+
+A model's launch spread (ModelSpec.launch_sd) is what moves a cell's accuracy from one launch to
+the next beyond its questions' sampling: for each cell judged in two consecutive runs, the paired
+drop d on the questions both answered and its sampling variance v (discordance); within a pair of
+runs, each model's drops are centred on their mean (a build shift common to every cell is the
+history test's to judge, not spread); then 2 launch_sd^2 = mean(centred d^2) - mean(v), floored
+at 0.
 
 A divergence tolerance (nats per token, harness.gate.divergence) is proposed per model from its
 passing cells' recorded 95th percentile of per-question divergence from their reference: the
@@ -14,8 +22,9 @@ pairs, times 1.5 and rounded up to two significant digits. A healthy cell then h
 questions beyond it, half the 10% the test's null hypothesis allows, so healthy nights stay green
 while a bug that moves most questions is still far beyond it.
 
-The pinned run is the newest run in which every cell that ran passed: a good night that every
-later night is also paired with (gate.pinned_run), so that a slow drift cannot pass unseen.
+The pinned run proposed is the newest run in which every cell that ran passed: a good night that
+every later night is also paired with (gate.pinned_run), so that a slow drift cannot pass unseen
+(`pinned_run: auto` pins the first run of the protocol that was not red instead).
 """
 
 from __future__ import annotations
@@ -30,13 +39,13 @@ from harness.records import CellResult, RunInfo, Status
 @dataclass(frozen=True)
 class FloorProposal:
     model: str
-    runs: int  # runs that had a passing cell of the model
-    cells: int  # passing cell results read
-    mean: float
-    lowest: float  # the lowest accuracy of a passing cell
-    lowest_bound: float  # the lowest 95% lower bound of a passing cell
+    runs: int  # runs that had a cell of the model that was not a regression
+    cells: int  # such cell results read
+    mean: float  # their mean test-split accuracy: the proposed `accuracy`
+    lowest: float  # the lowest accuracy of such a cell
+    lowest_bound: float  # the lowest 95% lower bound of such a cell
     current: float
-    proposed: float
+    proposed: float  # mean - floor_margin, rounded down to the thousandth
 
     @property
     def change(self) -> str:
@@ -45,22 +54,67 @@ class FloorProposal:
         return "raise" if self.proposed > self.current else "lower"
 
 
-def propose_floors(runs: list[tuple[RunInfo, list[CellResult]]], current: dict[str, float]) -> list[FloorProposal]:
-    """One proposal per model of `current` (model id -> floor now) that has passing cells in `runs`."""
+MEASURED = (Status.PASS, Status.INCONCLUSIVE)  # judged on answers and not a regression
+
+
+def propose_floors(runs: list[tuple[RunInfo, list[CellResult]]], current: dict[str, float],
+                   floor_margin: float = 0.03) -> list[FloorProposal]:
+    """One proposal per model of `current` (model id -> floor now) that has measured cells in `runs`."""
     proposals = []
     for model, floor in current.items():
-        passing = [(info.run_id, _test_split(cell)) for info, cells in runs for cell in cells
-                   if cell.model == model and cell.status is Status.PASS and cell.n > 0]
-        if not passing:
+        measured = [(info.run_id, _test_split(cell)) for info, cells in runs for cell in cells
+                    if cell.model == model and cell.status in MEASURED and cell.n > 0]
+        if not measured:
             continue
-        bounds = [wilson_interval(correct, n)[0] for _, (correct, n) in passing]
-        accuracies = [correct / n for _, (correct, n) in passing]
-        lowest_bound = min(bounds)
-        proposals.append(FloorProposal(model=model, runs=len({run for run, _ in passing}), cells=len(passing),
-                                       mean=sum(accuracies) / len(accuracies), lowest=min(accuracies),
-                                       lowest_bound=lowest_bound, current=floor,
-                                       proposed=math.floor(lowest_bound * 100) / 100))
+        bounds = [wilson_interval(correct, n)[0] for _, (correct, n) in measured]
+        accuracies = [correct / n for _, (correct, n) in measured]
+        mean = sum(accuracies) / len(accuracies)
+        proposals.append(FloorProposal(model=model, runs=len({run for run, _ in measured}), cells=len(measured),
+                                       mean=mean, lowest=min(accuracies), lowest_bound=min(bounds), current=floor,
+                                       proposed=math.floor((mean - floor_margin) * 1000) / 1000))
     return proposals
+
+
+@dataclass(frozen=True)
+class LaunchPair:
+    """One cell judged in two consecutive runs, on the questions both answered."""
+
+    model: str
+    runs: tuple[str, str]
+    losses: int
+    gains: int
+    n: int
+
+
+@dataclass(frozen=True)
+class LaunchSpread:
+    model: str
+    pairs: int
+    launch_sd: float
+
+
+def propose_launch_spread(pairs: list[LaunchPair]) -> list[LaunchSpread]:
+    """Each model's launch spread from its cells' pairs of consecutive launches (module docstring)."""
+    by_model: dict[str, dict[tuple[str, str], list[LaunchPair]]] = {}
+    for pair in pairs:
+        if pair.n > 0:
+            by_model.setdefault(pair.model, {}).setdefault(pair.runs, []).append(pair)
+    found = []
+    for model, groups in by_model.items():
+        squares, variances, count = 0.0, 0.0, 0
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            drops = [(p.losses - p.gains) / p.n for p in group]
+            centre = sum(drops) / len(drops)
+            scale = len(group) / (len(group) - 1)  # centring on the group's own mean removes a share
+            squares += scale * sum((d - centre) ** 2 for d in drops)
+            variances += sum(max((p.losses + p.gains) / p.n - d * d, 0.0) / p.n for p, d in zip(group, drops))
+            count += len(group)
+        if count:
+            spread = max((squares - variances) / count, 0.0) / 2
+            found.append(LaunchSpread(model=model, pairs=count, launch_sd=math.sqrt(spread)))
+    return found
 
 
 DIVERGENCE_MARGIN = 1.5

@@ -159,17 +159,18 @@ def calibrate(
         help="The runs' questions per cell, if they ran with --num-questions (the floor is the protocol's).")] = None,
     tracking_uri: ArchiveOpt = None,
 ) -> None:
-    """Propose each model's floor from measured runs of this suite and protocol (the lowest 95% lower
-    bound of a passing cell, rounded down), its divergence tolerance (1.5 x the highest 95th
-    percentile of a passing cell's teacher-forced divergence, per backend pair), and a run to pin
-    (gate.pinned_run: the newest run in which every cell passed). Prints tables and the YAML to
-    paste; changes no file.
+    """Propose each model's accuracy on this protocol (the mean of its cells that were not a
+    regression) and so its floor (that minus gate.floor_margin), its launch spread (launch_sd: what
+    moves a cell between consecutive runs beyond its questions' sampling), its divergence tolerance
+    (1.5 x the highest 95th percentile of a passing cell's teacher-forced divergence, per backend
+    pair), and a run to pin (the newest run in which every cell passed). Prints tables and the YAML
+    to paste; changes no file.
 
     Example: `regress calibrate configs/nightly.yaml --runs 14 --tracking-uri http://mlflow:5000`
     """
     from rich.table import Table
 
-    from harness.analysis.calibrate import pinnable_run, propose_divergence, propose_floors
+    from harness.analysis.calibrate import pinnable_run, propose_divergence, propose_floors, propose_launch_spread
     from harness.errors import ConfigError
     from harness.records import latest_per_cell
     from harness.run.build import RunRequest, prepare
@@ -183,14 +184,25 @@ def calibrate(
         raise ConfigError(f"no finished run of suite {spec.suite!r} with its protocol ({fingerprint}) in "
                           f"{results_dir} or MLflow: run it first (`regress run {suite}`), then calibrate")
     measured = [(info, list(latest_per_cell(archive.cells(info.run_id)).values())) for info in infos]
-    proposals = propose_floors(measured, {model.id: model.floor for model in spec.models})
-    table = Table(title=f"floors of {spec.suite} from {len(infos)} run(s), protocol {fingerprint}")
-    for column in ("model", "runs", "passing cells", "mean", "lowest", "lowest 95% bound", "floor now", "proposed"):
+    proposals = propose_floors(measured, {model.id: model.floor for model in spec.models}, spec.gate.floor_margin)
+    table = Table(title=f"accuracies and floors of {spec.suite} from {len(infos)} run(s), protocol {fingerprint} "
+                        f"(floor = accuracy - gate.floor_margin {spec.gate.floor_margin:g})")
+    for column in ("model", "runs", "cells", "accuracy (mean)", "lowest", "lowest 95% bound", "floor now",
+                   "proposed"):
         table.add_column(column)
     for p in proposals:
         table.add_row(p.model, str(p.runs), str(p.cells), f"{p.mean:.3f}", f"{p.lowest:.3f}", f"{p.lowest_bound:.3f}",
-                      f"{p.current:.2f}", f"{p.proposed:.2f} ({p.change})")
+                      f"{p.current:.3f}", f"{p.proposed:.3f} ({p.change})")
     console.print(table)
+    spreads = propose_launch_spread(_launch_pairs(archive, measured, spec.gate.extraction))
+    if spreads:
+        now = {model.id: model.launch_sd for model in spec.models}
+        table = Table(title="launch spread: a cell's accuracy between consecutive runs, beyond its questions")
+        for column in ("model", "cell pairs", "launch_sd now", "measured"):
+            table.add_column(column)
+        for spread in spreads:
+            table.add_row(spread.model, str(spread.pairs), f"{now.get(spread.model, 0.0):.4f}", f"{spread.launch_sd:.4f}")
+        console.print(table)
     tolerances = propose_divergence(measured, {model.id: model.divergence_tolerance or spec.gate.divergence.tolerance
                                                for model in spec.models})
     if tolerances:
@@ -202,11 +214,34 @@ def calibrate(
                 table.add_row(t.model, pair, f"{high:.3g}", f"{t.current:.3g}", f"{t.proposed:.3g}")
         console.print(table)
     pinned = pinnable_run(measured)
-    lines = [f"# to paste into {suite}: each model's floor and divergence tolerance, and the run to pin"]
-    lines += [f"#   {p.model}: floor: {p.proposed:.2f}   (now {p.current:.2f})" for p in proposals]
+    lines = [f"# to paste into {suite}: each model's accuracy, launch spread and divergence tolerance, and the run to pin"]
+    lines += [f"#   {p.model}: accuracy: {p.mean:.3f}   (floor {p.proposed:.3f}; now {p.current:.3f})" for p in proposals]
+    lines += [f"#   {spread.model}: launch_sd: {spread.launch_sd:.4f}   (from {spread.pairs} cell pairs)"
+              for spread in spreads]
     lines += [f"#   {t.model}: divergence_tolerance: {t.proposed:.3g}   (now {t.current:.3g})" for t in tolerances]
     if pinned is not None:
         lines.append(f"gate: {{pinned_run: {pinned.run_id}}}  # every cell passed; started {pinned.started_at}")
     else:
         lines.append("# no run in which every cell passed: nothing to pin yet")
     console.print("\n".join(lines), markup=False, highlight=False)
+
+
+def _launch_pairs(archive, measured: list, extraction: str) -> list:
+    """Each cell judged on answers (not a regression) in two consecutive runs of `measured`, paired."""
+    from harness.analysis.calibrate import MEASURED, LaunchPair
+    from harness.gate.stats import paired_comparison
+    from harness.gate.verdict import correctness
+
+    pairs = []
+    for (before, before_cells), (after, after_cells) in zip(measured, measured[1:]):
+        earlier = {cell.cell_id: cell for cell in before_cells if cell.status in MEASURED}
+        for cell in after_cells:
+            if cell.status not in MEASURED or cell.cell_id not in earlier:
+                continue
+            paired = paired_comparison(correctness(archive.questions(after.run_id, cell.cell_id), extraction),
+                                       correctness(archive.questions(before.run_id, cell.cell_id), extraction))
+            if paired is not None:
+                pairs.append(LaunchPair(model=cell.model, runs=(before.run_id, after.run_id), losses=paired.losses,
+                                        gains=paired.gains, n=paired.n))
+    return pairs
+

@@ -60,12 +60,28 @@ class Paired:
         return float(binomtest(self.losses, discordant, 0.5).pvalue) if discordant else 1.0
 
     def drop_upper(self, confidence: float) -> float:
-        """One-sided upper confidence bound of the drop (normal approximation, as `drop_ci`, with
-        both launches' spread added)."""
+        """One-sided upper confidence bound of the drop: the largest drop d that Tango's score test of
+        "drop >= d" does not reject at 1 - confidence (with both launches' spread added to its
+        variance). A score bound, not the Wald bound drop + z sd: with a few tens of discordant
+        answers the Wald bound is too low exactly when losses came out low by chance (its sd shrinks
+        with them), and a cell that truly dropped min_effect would pass too often."""
         from scipy.stats import norm
 
-        sd = math.hypot(_drop_sd(self.losses, self.gains, self.n), math.sqrt(2) * self.launch_sd)
-        return self.drop + float(norm.ppf(confidence)) * sd
+        critical = float(norm.ppf(confidence))
+        low, high = self.drop, 1.0
+        if self._score(high) < critical:
+            return high
+        for _ in range(60):  # bisection to ~1e-18: the score falls as d rises
+            middle = (low + high) / 2
+            low, high = (middle, high) if self._score(middle) < critical else (low, middle)
+        return high
+
+    def _score(self, margin: float) -> float:
+        """(margin - drop) over the null's standard error at that margin: large when the drop is
+        surely below `margin`."""
+        rate = float(_null_gain_rate(float(self.losses), float(self.gains), self.n, margin))
+        variance = (2 * rate + margin * (1 - margin)) / self.n + 2 * self.launch_sd**2
+        return (margin - self.drop) / math.sqrt(max(variance, 1e-300))
 
 
 def _drop_sd(losses: int, gains: int, n: int) -> float:

@@ -1,8 +1,10 @@
-"""Floors and the pinned run proposed from measured runs (`regress calibrate`)."""
+"""Accuracies, floors, launch spreads and the pinned run proposed from measured runs (`regress calibrate`)."""
 
 from __future__ import annotations
 
-from harness.analysis.calibrate import pinnable_run, propose_divergence, propose_floors
+import numpy as np
+
+from harness.analysis.calibrate import LaunchPair, pinnable_run, propose_divergence, propose_floors, propose_launch_spread
 from harness.records import CellResult, RunInfo, Status, latest_per_cell
 from tests.records import result, run_info
 
@@ -17,13 +19,14 @@ def cell(cell_id: str, model: str, status: Status, correct: int, n: int, floor_n
                   floor_correct=floor_correct)
 
 
-def test_the_floor_proposed_is_the_lowest_lower_bound_of_a_passing_cell_rounded_down():
-    runs = [(info("a"), [cell("m.x", "m", Status.PASS, 1187, 1319), cell("m.y", "m", Status.PASS, 1170, 1319)]),
+def test_the_floor_proposed_is_the_measured_accuracy_minus_the_margin():
+    runs = [(info("a"), [cell("m.x", "m", Status.PASS, 1187, 1319), cell("m.y", "m", Status.INCONCLUSIVE, 1170, 1319)]),
             (info("b"), [cell("m.x", "m", Status.PASS, 1180, 1319), cell("m.y", "m", Status.FAIL, 300, 1319)])]
-    (proposal,) = propose_floors(runs, {"m": 0.88})
-    assert proposal.cells == 3 and proposal.runs == 2  # the failing cell is not evidence of health
-    assert abs(proposal.lowest - 1170 / 1319) < 1e-12
-    assert 0.868 < proposal.lowest_bound < 0.87 and proposal.proposed == 0.86 and proposal.change == "lower"
+    (proposal,) = propose_floors(runs, {"m": 0.88}, floor_margin=0.03)
+    assert proposal.cells == 3 and proposal.runs == 2  # the failing cell is not evidence of the model's accuracy
+    assert abs(proposal.mean - (1187 + 1170 + 1180) / 3 / 1319) < 1e-12
+    assert abs(proposal.lowest - 1170 / 1319) < 1e-12 and 0.868 < proposal.lowest_bound < 0.87
+    assert proposal.proposed == 0.863 and proposal.change == "lower"  # 0.89386 - 0.03, rounded down
 
 
 def test_floors_use_the_test_questions_the_floor_is_tested_on_not_the_extension():
@@ -61,3 +64,28 @@ def test_the_divergence_tolerance_proposed_covers_the_worst_backend_pair_with_ma
     assert proposal.pairs == {"fa3 vs triton": 0.02, "flashinfer vs triton": 0.031}  # the failing cell is no evidence
     assert proposal.cells == 3 and proposal.proposed == 0.047  # 1.5 x 0.031, rounded up to two digits
     assert propose_divergence([(info("a"), [reference])], {"m": 0.1}) == []  # never tested: nothing to propose
+
+
+def test_the_launch_spread_measured_recovers_the_one_planted():
+    """Cells whose accuracy moves by N(0, 0.5 pt) a launch, beyond 2.5% discordance on 2,638
+    questions, over 9 pairs of runs of 36 cells: the estimate is within a tenth of a point; with no
+    spread planted it is near 0; a build shift common to every cell is not spread."""
+    rng = np.random.default_rng(0)
+
+    def pairs(spread: float, shift: float) -> list[LaunchPair]:
+        found = []
+        for night in range(9):
+            for number in range(36):
+                n, discordant = 2638, rng.binomial(2638, 0.025)
+                drop = shift + rng.normal(0, spread) * np.sqrt(2)
+                losses = int(np.clip(rng.binomial(discordant, np.clip(0.5 + drop * n / (2 * max(discordant, 1)), 0, 1)),
+                                     0, discordant))
+                found.append(LaunchPair("m", (f"r{night}", f"r{night + 1}"), losses, discordant - losses, n))
+        return found
+
+    (planted,) = propose_launch_spread(pairs(0.005, 0.0))
+    assert planted.pairs == 324 and abs(planted.launch_sd - 0.005) < 0.001
+    (quiet,) = propose_launch_spread(pairs(0.0, 0.0))
+    assert quiet.launch_sd < 0.0015
+    (shifted,) = propose_launch_spread(pairs(0.0, -0.01))
+    assert shifted.launch_sd < 0.0015
