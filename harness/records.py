@@ -271,7 +271,7 @@ class CellResult(Verdict):
     cuda_visible_devices: str | None = None
     node: str | None = None
     stopped_early: bool = False
-    history_run_id: str | None = None  # the run whose passing answers this cell was compared with
+    history_run_id: str | None = None  # the earlier run (not a regression there) this cell was compared with
     predicted: dict[str, Any] = {}  # resolved fields the plan-time sglang check predicted (engine sglang)
 
 

@@ -1,4 +1,7 @@
-"""Statistics over per-question records (scipy's exact tests; no hand-rolled distributions).
+"""Statistics over per-question records: scipy's exact binomial tests, Wilson intervals, and the
+paired tests of "drop > margin" (McNemar's exact test; at a margin, the exact tail of Tango's score
+statistic summed over the counts' trinomial with scipy's binomial pmf), and a score upper bound of
+the paired drop.
 
 scipy is imported inside the functions: it costs ~1.3 s to import, and `regress eval` should send its
 first request well before a verdict is needed.

@@ -143,3 +143,20 @@ def test_a_custom_axis_name_is_checked_too(tmp_path):
     load_suite_ok = tmp_path / "ok.yaml"
     load_suite_ok.write_text(GOOD + "  overlap: {none: [], tbo-2.x: [--enable-two-batch-overlap]}\n")
     assert load_suite(load_suite_ok).suite.suite == "t"
+
+
+def test_a_floor_follows_the_models_accuracy_and_a_far_floor_is_warned_about(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("floor: 0.8}", "accuracy: 0.72}"))
+    suite = load_suite(path).suite
+    assert suite.models[0].floor == 0.69 and suite.warnings() == []
+    path.write_text(GOOD.replace("floor: 0.8}", "accuracy: 0.72, floor: 0.60}"))
+    (warning,) = load_suite(path).suite.warnings()
+    assert "models.m.floor 0.60 sits 12 pts under its accuracy 0.72" in warning and "regress calibrate" in warning
+    # The shipped suites derive their floors: none warns.
+    assert all(not load_suite(Path("configs") / f"{name}.yaml").suite.warnings() for name in ("demo", "nightly", "pr"))
+
+
+def test_a_history_margin_must_stay_below_min_effect(tmp_path):
+    message = refused(tmp_path, GOOD + "gate: {history_margin: 0.03, min_effect: 0.03}\n")
+    assert "history_margin (0.03) must be below min_effect (0.03)" in message
