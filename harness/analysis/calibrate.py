@@ -109,7 +109,7 @@ def propose_launch_spread(pairs: list[LaunchPair]) -> list[LaunchSpread]:
             centre = sum(drops) / len(drops)
             scale = len(group) / (len(group) - 1)  # centring on the group's own mean removes a share
             squares += scale * sum((d - centre) ** 2 for d in drops)
-            variances += sum(max((p.losses + p.gains) / p.n - d * d, 0.0) / p.n for p, d in zip(group, drops))
+            variances += sum(max((p.losses + p.gains) / p.n - d * d, 0.0) / p.n for p, d in zip(group, drops, strict=True))
             count += len(group)
         if count:
             spread = max((squares - variances) / count, 0.0) / 2

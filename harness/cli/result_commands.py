@@ -170,7 +170,12 @@ def calibrate(
     """
     from rich.table import Table
 
-    from harness.analysis.calibrate import pinnable_run, propose_divergence, propose_floors, propose_launch_spread
+    from harness.analysis.calibrate import (
+        pinnable_run,
+        propose_divergence,
+        propose_floors,
+        propose_launch_spread,
+    )
     from harness.errors import ConfigError
     from harness.records import latest_per_cell
     from harness.run.build import RunRequest, prepare
@@ -233,7 +238,7 @@ def _launch_pairs(archive, measured: list, extraction: str) -> list:
     from harness.gate.verdict import correctness
 
     pairs = []
-    for (before, before_cells), (after, after_cells) in zip(measured, measured[1:]):
+    for (before, before_cells), (after, after_cells) in zip(measured, measured[1:], strict=False):
         earlier = {cell.cell_id: cell for cell in before_cells if cell.status in MEASURED}
         for cell in after_cells:
             if cell.status not in MEASURED or cell.cell_id not in earlier:

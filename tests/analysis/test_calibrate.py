@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.analysis.calibrate import LaunchPair, pinnable_run, propose_divergence, propose_floors, propose_launch_spread
+from harness.analysis.calibrate import (
+    LaunchPair,
+    pinnable_run,
+    propose_divergence,
+    propose_floors,
+    propose_launch_spread,
+)
 from harness.records import CellResult, RunInfo, Status, latest_per_cell
 from tests.records import result, run_info
 
@@ -75,7 +81,7 @@ def test_the_launch_spread_measured_recovers_the_one_planted():
     def pairs(spread: float, shift: float) -> list[LaunchPair]:
         found = []
         for night in range(9):
-            for number in range(36):
+            for _ in range(36):
                 n, discordant = 2638, rng.binomial(2638, 0.025)
                 drop = shift + rng.normal(0, spread) * np.sqrt(2)
                 losses = int(np.clip(rng.binomial(discordant, np.clip(0.5 + drop * n / (2 * max(discordant, 1)), 0, 1)),
