@@ -128,3 +128,29 @@ def test_a_local_ray_that_cannot_start_is_one_line_and_not_a_regression(monkeypa
     assert result.exit_code == 3
     assert "could not start or reach a local Ray cluster: The current node timed out during startup" in result.output
     assert "Traceback" not in result.output and "77 more lines" not in result.output
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)},"
+    f" *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
+
+
+def test_hostile_suite_files_get_one_line_and_exit_2(tmp_path):
+    """An alias bomb (10^9 values once expanded), a 5,000-deep list, a non-UTF-8 file, a binary file:
+    each is refused before anything starts, in one line."""
+    cases = {"bomb.yaml": (BOMB + DEMO).encode(), "deep.yaml": ("x: " + "[" * 5000 + "]" * 5000 + "\n").encode(),
+             "latin1.yaml": DEMO.replace("# The incident demo", "# caf\xe9").encode("latin-1"),
+             "binary.yaml": bytes(range(256)) * 4}
+    expected = {"bomb.yaml": "alias bomb", "deep.yaml": "nested deeper", "latin1.yaml": "not UTF-8",
+                "binary.yaml": "not UTF-8"}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        result = regress("plan", str(tmp_path / name))
+        refused(result, expected[name], name)
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_cells_file_that_is_not_text_is_refused(tmp_path):
+    (tmp_path / "cells.txt").write_bytes(b"\xff\xfe k\x00i\x00")
+    refused(regress("run", "configs/demo.yaml", "--cells", str(tmp_path / "cells.txt"), "--results-dir",
+                    str(tmp_path / "r"), "--no-tracking"), "--cells file", "not UTF-8")

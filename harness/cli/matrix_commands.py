@@ -117,10 +117,9 @@ def select_for_change(
     if (changed_files is None) == (git_diff is None):
         raise ConfigError("give exactly one of --changed-files FILE or --git-diff BASE..HEAD")
     if changed_files is not None:
-        try:
-            files = [line.strip() for line in changed_files.read_text().splitlines() if line.strip()]
-        except OSError as error:
-            raise ConfigError(f"--changed-files {changed_files}: {error.strerror}") from None
+        from harness.suite.files import read_text
+
+        files = [line.strip() for line in read_text(changed_files, "--changed-files file").splitlines() if line.strip()]
     else:
         files = changed_files_from_git(repo, git_diff or "")
     selected = select_cells(matrix, load_selection(rules), files)

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import ConfigError
 from harness.suite.axes import AXES, reported_flags
+from harness.suite.files import load_yaml
 
 
 class _Strict(BaseModel):
@@ -283,12 +283,7 @@ def unit_hash(*parts: object) -> float:
 
 def load_world(path: str | Path) -> World:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read simulator world {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: YAML syntax error: {error}") from None
+    data = load_yaml(path, "simulator world")
     try:
         return World.model_validate(data)
     except ValidationError as error:

@@ -12,12 +12,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import ConfigError
 from harness.registry import did_you_mean
 from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, backend_axes
+from harness.suite.files import parse_yaml, read_text
 
 
 class Strict(BaseModel):
@@ -357,17 +357,8 @@ def describe_validation_error(error: ValidationError, source: str) -> str:
 def load_suite(path: str | Path) -> LoadedSuite:
     """Read and validate a suite file. Raises ConfigError naming every bad key."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"cannot read suite file {path}: {error.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise ConfigError(f"{path}: YAML syntax error{where}: {problem}") from None
+    text = read_text(path, "suite file")
+    data = parse_yaml(text, path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a suite must be a YAML mapping with keys such as suite, models, axes")
     try:

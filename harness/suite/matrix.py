@@ -21,6 +21,7 @@ from harness.suite.config import (
     axis_value_names,
     did_you_mean,
 )
+from harness.suite.files import read_text
 
 
 @dataclass(frozen=True)
@@ -212,10 +213,7 @@ def select(matrix: Matrix, expression: str | None, ids: set[str] | None = None) 
 
 def select_listed(matrix: Matrix, path: Path) -> Matrix:
     """The cells whose ids the file at `path` lists (one per line; `--cells`), with their reference cells."""
-    try:
-        wanted = {line.strip() for line in path.read_text().splitlines() if line.strip()}
-    except OSError as error:
-        raise ConfigError(f"--cells {path}: {error.strerror}") from None
+    wanted = {line.strip() for line in read_text(path, "--cells file").splitlines() if line.strip()}
     if not wanted:
         raise ConfigError(f"--cells {path}: lists no cell, so there is nothing to run (`regress select` writes an "
                           "empty list when the change affects no cell of the suite); run without --cells for all")

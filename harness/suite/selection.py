@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import ConfigError
+from harness.suite.files import load_yaml
 from harness.suite.matrix import Matrix
 
 
@@ -44,11 +44,10 @@ class Selected:
 
 
 def load_selection(path: Path) -> SelectionConfig:
+    data = load_yaml(path, "selection file")
     try:
-        return SelectionConfig.model_validate(yaml.safe_load(Path(path).read_text()))
-    except OSError as error:
-        raise ConfigError(f"cannot read selection file {path}: {error.strerror}") from None
-    except (ValidationError, yaml.YAMLError) as error:
+        return SelectionConfig.model_validate(data)
+    except ValidationError as error:
         raise ConfigError(f"{path}: invalid selection file: {error}") from None
 
 

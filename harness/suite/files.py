@@ -1,0 +1,77 @@
+"""Reading the files people hand the harness (suites, selection rules, simulator worlds, `--cells`,
+`--changed-files`): bounded in size, decoded as UTF-8, YAML bounded in depth and in the values its
+aliases expand to. Anything else is a `ConfigError` that names the file and what is wrong, before
+anything is launched.
+
+Why bounds: PyYAML shares an alias's value instead of copying it, so nine nested aliases load in
+microseconds, but validating or iterating the result visits 10^9 values (the "billion laughs"); and
+its composer recurses once per nesting level, so a 5,000-deep list raises RecursionError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import ConfigError
+
+MAX_BYTES = 4 * 1024 * 1024  # a suite or a list of cells is kilobytes; a 4 MiB file is a mistake
+MAX_VALUES = 200_000  # values after expanding aliases (the 72-cell nightly: about 300)
+MAX_DEPTH = 64  # nesting levels (the shipped suites: 5)
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The file's text, or a ConfigError naming `what` (e.g. "suite file", "--cells")."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror}") from None
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"{what} {path}: larger than {MAX_BYTES // (1024 * 1024)} MiB; is it the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{what} {path}: not UTF-8 text (byte {error.start}: {data[error.start:error.start + 1]!r});"
+                          " save it as UTF-8") from None
+
+
+def load_yaml(path: str | Path, what: str) -> Any:
+    """The file's YAML document, checked against MAX_DEPTH and MAX_VALUES."""
+    return parse_yaml(read_text(path, what), path)
+
+
+def parse_yaml(text: str, path: str | Path) -> Any:
+    """`text` (read from `path`) as YAML, checked against MAX_DEPTH and MAX_VALUES."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}: YAML syntax error{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested deeper than the YAML reader can follow (limit {MAX_DEPTH} levels)") from None
+    _check_bounds(data, path)
+    return data
+
+
+def _check_bounds(data: Any, path: str | Path) -> None:
+    """Walk the document as a validator would (shared values visited every time they are used)."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigError(f"{path}: more than {MAX_VALUES:,} values once its YAML aliases are expanded "
+                              "(an alias bomb?); write the values out")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
