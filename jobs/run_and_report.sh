@@ -34,7 +34,8 @@ fi
 headline=$(regress assess "$run_dir" --max-error-share "${MAX_ERROR_SHARE:-0.1}")
 verdict=$?
 report="$run_dir/report.md"
-{ echo "**${headline}**"; echo; cat "$run_dir/summary.md"; } > "$report"
+# Markdown from the run (server errors, a PR's sglang output) is code in the report, never links or mentions.
+{ regress assess "$run_dir" --max-error-share "${MAX_ERROR_SHARE:-0.1}" --markdown; echo; cat "$run_dir/summary.md"; } > "$report"
 if regress compare "previous:$name" "latest:$name" --results-dir "$results" --markdown "$run_dir/compare.md" >/dev/null 2>&1 \
    || [ -s "$run_dir/compare.md" ]; then
   { echo; echo "## Compared with the previous $name run"; tail -n +2 "$run_dir/compare.md"; } >> "$report"

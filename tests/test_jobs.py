@@ -63,4 +63,4 @@ def test_a_night_whose_cells_cannot_be_measured_fails_the_job(tmp_path, down):
     assert completed.returncode == 4, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert "BROKEN RUN" in completed.stdout and "running them once more" in completed.stderr
     (run_dir,) = (tmp_path / "results").glob("night-*")
-    assert (run_dir / "report.md").read_text().startswith("**BROKEN RUN:")
+    assert (run_dir / "report.md").read_text().startswith("**BROKEN RUN**: `")

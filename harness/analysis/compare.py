@@ -18,7 +18,7 @@ from harness.gate.stats import paired_comparison
 from harness.gate.verdict import correctness
 from harness.records import CellResult, Status
 from harness.results.archive import LoadedRun
-from harness.results.reporting import diverged_text
+from harness.results.reporting import diverged_text, inline_code
 
 
 class ChangeKind(str, Enum):
@@ -99,14 +99,14 @@ def _accuracy(result: CellResult | None) -> str:
 
 
 def changes_markdown(before: LoadedRun, after: LoadedRun, changes: list[CellChange]) -> str:
-    lines = [f"# {after.info.suite}: `{after.info.run_id}` vs `{before.info.run_id}`", "",
+    lines = [f"# {inline_code(after.info.suite)}: {inline_code(after.info.run_id)} vs {inline_code(before.info.run_id)}", "",
              "| change | cell | before | after | diff (shared) | p | diverged (before → after) | status |",
              "|---|---|---|---|---|---|---|---|"]
     for change in sorted(changes, key=lambda c: (c.change.rank, c.cell_id)):
         diff = "-" if change.difference is None else f"{change.difference:+.3f} ({change.shared})"
         p_value = "-" if change.p_value is None else f"{change.p_value:.2g}"
         status = " → ".join(r.status.value if r else "-" for r in (change.before, change.after))
-        lines.append(f"| {change.change} | `{change.cell_id}` | {_accuracy(change.before)} | {_accuracy(change.after)} "
+        lines.append(f"| {change.change} | {inline_code(change.cell_id)} | {_accuracy(change.before)} | {_accuracy(change.after)} "
                      f"| {diff} | {p_value} | {diverged_text(change.before)} → {diverged_text(change.after)} | {status} |")
     counts = Counter(change.change for change in changes)
     lines += ["", ", ".join(f"{counts[kind]} {kind}" for kind in ChangeKind if counts[kind])]

@@ -133,6 +133,9 @@ def assess(
     results_dir: ResultsDirOpt = Path("results"),
     max_error_share: Annotated[float, typer.Option(
         help="Above this share of `error` cells the run is broken (exit 4), not green.")] = 0.1,
+    markdown: Annotated[bool, typer.Option(
+        "--markdown", help="The headline as markdown for a report or PR comment: the verdict in bold, the rest as "
+                           "code (cell ids and a server's error text never render as links or mentions).")] = False,
 ) -> None:
     """The CI verdict of a finished run: prints one headline and exits 0 (green), 1 (regressions) or
     4 (broken: too many cells, or a reference cell, could not be measured).
@@ -145,7 +148,13 @@ def assess(
 
     store = resolve_run(results_dir, run_id)
     verdict = assess_run(list(latest_per_cell(store.cells()).values()), max_error_share)
-    print(verdict.headline)
+    if markdown:
+        from harness.results.reporting import inline_code
+
+        word, _, rest = verdict.headline.partition(": ")
+        print(f"**{word}**: {inline_code(rest)}")
+    else:
+        print(verdict.headline)
     raise typer.Exit(verdict.exit_code)
 
 

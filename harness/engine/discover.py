@@ -11,6 +11,7 @@ import os
 import subprocess
 
 from harness.errors import InfraError
+from harness.suite.config import AXIS_VALUE
 
 
 def accepted_attention_backends(probe: str, python: str, env: dict[str, str], timeout_s: float = 300,
@@ -25,4 +26,9 @@ def accepted_attention_backends(probe: str, python: str, env: dict[str, str], ti
     if completed.returncode != 0:
         raise InfraError(f"cannot read the attention backends {engine} accepts (exit {completed.returncode}): "
                          f"{completed.stderr.strip()[-500:]}")
-    return tuple(json.loads(completed.stdout.strip().splitlines()[-1]))
+    names = tuple(json.loads(completed.stdout.strip().splitlines()[-1]))
+    odd = [name for name in names if not isinstance(name, str) or not AXIS_VALUE.fullmatch(name)]
+    if odd:  # they become cell ids (file names, MLflow runs, markdown): a PR's build could print anything
+        raise InfraError(f"{engine} lists an attention backend that cannot name a cell: {str(odd[0])[:80]!r} "
+                         f"(allowed: letters, digits, '.', '_', '-'); name the backends in the suite instead of auto")
+    return names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -119,23 +120,38 @@ def mlflow_ui_command(tracking_uri: str) -> str:
     return f"{here if here.exists() else 'mlflow'} ui --backend-store-uri {tracking_uri}"
 
 
+def inline_code(text: str) -> str:
+    """Any text as one markdown inline code span, safe in a table cell: nothing in it renders (no
+    link, image, emphasis, heading, HTML or @mention; a server's log tail or a PR's sglang may print
+    any of them, and summary.md becomes the bot's PR comment). Whitespace runs become one space;
+    pipes are escaped (GFM tables split on them even inside code); the fence is longer than any
+    backtick run inside."""
+    flat = " ".join(text.split()).replace("|", "\\|")
+    if not flat:
+        return ""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
+
+
 def summary_markdown(info: RunInfo, results: list[CellResult]) -> str:
     tally = ", ".join(f"{count} {status}" for status, count in status_counts(results).items())
-    lines = [f"# {info.suite}: {tally}", "",
-             f"Run `{info.run_id}` ({info.trigger}, engine {info.engine}, protocol {info.protocol} "
-             f"`{info.protocol_fingerprint}`), started {info.started_at}.", ""]
+    lines = [f"# {inline_code(info.suite)}: {tally}", "",
+             f"Run {inline_code(info.run_id)} ({inline_code(info.trigger)}, engine {inline_code(info.engine)}, "
+             f"protocol {inline_code(info.protocol)} {inline_code(info.protocol_fingerprint or '')}), started "
+             f"{inline_code(info.started_at)}.", ""]
     if info.attribution:
-        lines += [f"**Failures share:** `{info.attribution}`", ""]
+        lines += [f"**Failures share:** {inline_code(info.attribution)}", ""]
     factor_names = list(results[0].factors) if results else []
-    lines.append("| verdict | cell | model | " + " | ".join(factor_names) + " | accuracy [95% CI] | n | reason |")
+    lines.append("| verdict | cell | model | " + " | ".join(inline_code(n) for n in factor_names)
+                 + " | accuracy [95% CI] | n | reason |")
     lines.append("|---|---|---|" + "---|" * len(factor_names) + "---|---|---|")
     order = {Status.FAIL: 0, Status.MISMATCH: 1, Status.ERROR: 2, Status.INCONCLUSIVE: 3, Status.PASS: 4,
              Status.SKIPPED: 5}
     for result in sorted(results, key=lambda r: (order[r.status], r.cell_id)):
-        reason = result.reason.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| **{result.status.value}** | `{result.cell_id}` | {result.model} | "
-                     + " | ".join(result.factors.get(n, "") for n in factor_names)
-                     + f" | {_accuracy(result)} | {result.n} | {reason} |")
+        lines.append(f"| **{result.status.value}** | {inline_code(result.cell_id)} | {inline_code(result.model)} | "
+                     + " | ".join(inline_code(result.factors.get(n, "")) for n in factor_names)
+                     + f" | {_accuracy(result)} | {result.n} | {inline_code(result.reason)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -92,3 +92,19 @@ def test_a_launch_spec_names_its_engine_module():
     cell = make_cell({"attention_backend": "fa3"})
     assert LaunchSpec(engine=EngineRoutes.of("sglang"), python="py", cell=cell, seed=1,
                       startup_timeout_s=1).argv(1, 2)[:3] == ["py", "-m", "sglang.launch_server"]
+
+
+def test_a_backend_name_that_cannot_name_a_cell_is_refused():
+    """`auto` reads the backends from the build under test; a name with markdown or a path in it
+    would reach file names and the PR comment."""
+    import sys
+
+    import pytest
+
+    from harness.engine.discover import accepted_attention_backends
+    from harness.errors import InfraError
+
+    probe = "import json; print(json.dumps(['triton', '[approve](https://evil.example)']))"
+    with pytest.raises(InfraError, match="cannot name a cell"):
+        accepted_attention_backends(probe, sys.executable, {})
+    assert accepted_attention_backends("print('[\"triton\", \"fa3\"]')", sys.executable, {}) == ("triton", "fa3")
