@@ -113,10 +113,18 @@ def test_pr_workflow_runs_only_on_a_maintainers_label_and_never_on_a_push(action
     assert "--remove-label run-accuracy-matrix" in str(workflow["jobs"]["unlabel"]["steps"])
 
 
-def test_pr_build_installs_the_pull_ref_which_exists_for_forks_too():
+def test_pr_build_installs_the_commit_the_maintainer_labelled_and_keeps_no_credentials():
+    """Not refs/pull/N/head: a push between labelling and the workers' install would run unreviewed
+    code tagged with the reviewed SHA."""
     workflow = yaml.safe_load((ROOT / "jobs" / "github" / "pr.yml").read_text())
-    run = next(s["run"] for s in workflow["jobs"]["matrix"]["steps"] if "build_suite.py" in s.get("run", ""))
-    assert "@refs/pull/$PR_NUMBER/head#subdirectory=python" in run and "PR_SHA@" not in run
+    steps = workflow["jobs"]["matrix"]["steps"]
+    run_step = next(s for s in steps if "build_suite.py" in s.get("run", ""))
+    assert "@$PR_SHA#subdirectory=python" in run_step["run"] and "refs/pull" not in run_step["run"]
+    assert run_step["env"]["PR_SHA"] == "${{ github.event.pull_request.head.sha }}"
+    for name in ("pr.yml", "nightly.yml"):
+        flow = yaml.safe_load((ROOT / "jobs" / "github" / name).read_text())
+        checkouts = [s for job in flow["jobs"].values() for s in job["steps"] if "checkout" in s.get("uses", "")]
+        assert checkouts and all(s["with"]["persist-credentials"] is False for s in checkouts)
 
 
 def test_build_suite_points_the_workers_at_one_build(tmp_path):

@@ -16,6 +16,7 @@ from harness.errors import ConfigError, ProbeError
 from harness.gate.budget import Budget
 from harness.gate.verdict import Stage, judge
 from harness.records import CellOutcome, Status
+from harness.results.reporting import warner
 from harness.run.build import RunRequest, cluster_matrix, plan_check, prepare
 from harness.run.pipeline import RunOptions, run_suite
 from harness.run.ray.cluster import check_fits, ray_cluster
@@ -37,7 +38,7 @@ def run_bisect(request: BisectRequest, results_dir: Path, console: Console) -> B
     engine = engine_of(inputs.loaded)
     commits = engine.commits(inputs.loaded, request.good, request.bad, request.repo)
     spec = inputs.loaded.suite
-    warn = lambda message: console.print(f"[yellow]{message}[/]")  # noqa: E731
+    warn = warner(console)
 
     with ray_cluster(inputs.loaded, None):
         # The matrix as a run sees it (`auto` backends as the workers' engine accepts them).

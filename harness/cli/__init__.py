@@ -4,11 +4,19 @@ handler; the commands live by what they work on: a suite's matrix, one server, f
 from __future__ import annotations
 
 from harness.cli import matrix_commands, result_commands, server_commands  # noqa: F401 - they register commands
-from harness.cli.app import app
+from harness.cli.app import app, err_console
 
 
 def main() -> int:
-    """The `regress` entry point."""
+    """The `regress` entry point: Ray's token authentication is set up before any command imports Ray."""
+    from harness.errors import RegressError
+    from harness.run.ray.auth import require_token_auth
+
+    try:
+        require_token_auth()
+    except RegressError as error:
+        err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
+        return error.exit_code
     return app(prog_name="regress") or 0
 
 

@@ -68,6 +68,7 @@ def run(
 
     Example: `regress run configs/demo.yaml` (the incident demo: 32 cells, 3 fail, exit 1).
     """
+    from harness.results.reporting import warner
     from harness.results.store import ResultsStore
     from harness.results.tracking import default_tracking_uri
     from harness.run.build import RunRequest, on_cluster, prepare
@@ -81,8 +82,9 @@ def run(
                          tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
     if resume:
         ResultsStore.existing(results_dir, resume)
+    warn = warner(console)
     with ray_cluster(inputs.loaded, ray_address):
-        inputs = on_cluster(inputs, request, lambda message: console.print(f"[yellow]{message}[/]"))
+        inputs = on_cluster(inputs, request, warn)
         report = run_suite(inputs, options, console)
     raise typer.Exit(report.exit_code)
 

@@ -6,9 +6,11 @@ import json
 import re
 import sys
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.engine.launch import planned_argv
@@ -109,6 +111,11 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
             ui = info.tracking_uri if info.tracking_uri.startswith("http") else "http://127.0.0.1:5000"
             console.print(f"  the cells, lowest accuracy first: {cells_view_url(ui, info.mlflow_experiment_id)}")
             console.print(f"  the suite's runs, newest first: {view_url(ui, info.mlflow_experiment_id, NIGHTS_VIEW)}")
+
+
+def warner(console: Console) -> Callable[[str], None]:
+    """A function that prints one warning line on `console` (the text is not read as rich markup)."""
+    return lambda message: console.print(f"[yellow]warning[/]: {escape(message)}")
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:

@@ -36,3 +36,42 @@ def test_mixed_tp_run_on_two_nodes(tmp_path):
     assert len(report["servers"]) == 17
     for server in report["servers"]:
         assert group_members(server["pgid"]) == []
+
+
+LOCAL_RAY = """
+import json, subprocess, sys
+from harness.run.ray.auth import require_token_auth
+require_token_auth()  # what `regress` does first
+import ray
+from harness.run.ray.cluster import ray_cluster
+from harness.suite.config import load_suite
+from ray._private.authentication.authentication_utils import is_token_auth_enabled
+with ray_cluster(load_suite("configs/demo.yaml"), None):
+    address = ray.get_runtime_context().gcs_address
+    stranger = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={address!r}); print('in')"],
+                              capture_output=True, text=True, timeout=120, env=clean)
+    print(json.dumps({"token": is_token_auth_enabled(), "stranger_rc": stranger.returncode,
+                      "stranger_in": "in" in stranger.stdout}))
+"""
+
+
+def test_a_local_ray_requires_a_token_that_only_the_run_holds(tmp_path):
+    """Ray 2.60 listens on every interface whatever the node address, and authenticates nothing by
+    default: `regress` turns token authentication on before Ray starts, with a token no file holds,
+    so a process without it (another user, another machine) cannot join the local cluster."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    clean["HOME"] = str(tmp_path)  # no token file of the user's
+    script = "clean = " + repr(clean) + LOCAL_RAY
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=clean)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["token"] is True and not found["stranger_in"] and found["stranger_rc"] != 0, done.stdout
+    assert not (tmp_path / ".ray" / "auth_token").exists()  # the token lived in the run's environment only
+
+
+def test_a_ray_without_authentication_is_refused(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "configs/demo.yaml", "--results-dir",
+                           str(tmp_path / "r"), "--no-tracking"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert done.returncode == 2 and "RAY_AUTH_MODE=disabled" in done.stderr and "Traceback" not in done.stderr

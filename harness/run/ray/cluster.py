@@ -23,7 +23,8 @@ from harness.suite.matrix import Matrix, expand, select
 
 @contextlib.contextmanager
 def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
-    """Connect to `address`, or start a local Ray that declares the suite's GPU count."""
+    """Connect to `address`, or start a local Ray that declares the suite's GPU count (with token
+    authentication when `regress` started this process: harness.run.ray.auth)."""
     spec = suite.suite.cluster
     address = address or spec.address
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
@@ -48,7 +49,8 @@ def _connect(address: str | None, gpus: int, cpus: int | None, kwargs: dict[str,
         if address:
             ray.init(address=address, **kwargs)
         else:
-            # Loopback only: a local cluster has no reason to listen on the machine's network address.
+            # The node advertises loopback (workers and actors talk over 127.0.0.1); its ports still
+            # listen on every interface (Ray 2.60), which is why harness.run.ray.auth turns tokens on.
             slots = {"num_gpus": gpus} if resource == "GPU" else {"num_gpus": 0, "resources": {resource: gpus}}
             ray.init(address="local", num_cpus=cpus, _node_ip_address="127.0.0.1", **slots, **kwargs)
     except Exception as error:  # noqa: BLE001 - Ray raises bare Exception, RuntimeError, ConnectionError...; none is carried on
