@@ -81,3 +81,41 @@ def test_every_fault_gets_its_status_and_nothing_survives(ray_local, tmp_path):
     for line in (run_dir / "cells.jsonl").read_text().splitlines():
         json.loads(line)
     assert json.loads((run_dir / "run.json").read_text())["counts"]["error"] == 6
+
+
+def test_a_full_disk_mid_run_is_exit_3_in_one_line_and_keeps_the_cells_written(ray_local, tmp_path, monkeypatch):
+    """The disk fills up after the first cell was written: an infrastructure fault (exit 3, never 1),
+    one line, and the first cell still in cells.jsonl for --resume."""
+    import errno
+
+    from harness.results.store import ResultsStore
+
+    real_append, calls = ResultsStore.append_cell, []
+
+    def append_then_fill(self, result):
+        calls.append(result.cell_id)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path / "cells.jsonl"))
+        real_append(self, result)
+
+    monkeypatch.setattr(ResultsStore, "append_cell", append_then_fill)
+    result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--num-questions",
+                                      "20", "--select", "model=deepseek-v2-lite,unified_memory=off,radix_cache=on",
+                                      "--no-tracking", "--quiet"])
+    assert result.exit_code == 3, result.output
+    assert "No space left on device" in result.output and "--resume" in result.output
+    assert "Traceback" not in result.output
+    (cells,) = tmp_path.glob("demo-*/cells.jsonl")
+    assert len(cells.read_text().splitlines()) == 1
+
+
+def test_a_results_folder_that_cannot_be_written_is_exit_2_before_anything_starts(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "a-file").write_text("")
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "configs/demo.yaml", "--results-dir",
+                           str(tmp_path / "a-file" / "results")], capture_output=True, text=True,
+                          timeout=machine_s(120), env={**os.environ, "RAY_TMPDIR": str(tmp_path / "ray")})
+    assert done.returncode == 2 and "--results-dir" in done.stderr and "cannot be written" in done.stderr
+    assert not (tmp_path / "ray").exists()  # Ray never started

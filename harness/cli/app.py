@@ -8,6 +8,8 @@ nothing was launched; 130 interrupted.
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,14 +19,29 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from harness.errors import ConfigError, RegressError
+from harness.errors import ConfigError, ExitCode, RegressError
 from harness.run.build import load_matrix
 
-__all__ = ["app", "console", "err_console", "load_matrix", "at_least_one"]
+__all__ = ["app", "console", "err_console", "load_matrix", "at_least_one", "writable_folder"]
 
 # CI logs are not terminals; rich would wrap tables at 80 columns there.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+def writable_folder(path: Path, option: str) -> None:
+    """A ConfigError, before anything is launched, when `path` cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".regress-write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"{option} {path}: cannot be written ({error.strerror or error}); "
+                          "point it at a writable folder") from None
 
 
 class RegressCommands(TyperGroup):
@@ -37,6 +54,16 @@ class RegressCommands(TyperGroup):
         except RegressError as error:
             err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
             raise typer.Exit(error.exit_code) from None
+        except OSError as error:
+            if error.errno not in DISK_ERRORS:
+                raise
+            # The disk under results/ (or the tracking store) filled up or went read-only mid-run:
+            # an infrastructure fault, never "regressions found"; the cells written so far stay.
+            where = f" ({error.filename})" if error.filename else ""
+            err_console.print(f"[bold red]error[/]: could not write{where}: {error.strerror or error}; the cells "
+                              "judged so far are kept: free space, then `regress run SUITE --resume RUN_ID` runs "
+                              "the rest", highlight=False, soft_wrap=True)
+            raise typer.Exit(ExitCode.UNDECIDED) from None
 
 
 app = typer.Typer(cls=RegressCommands, add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",

@@ -15,6 +15,7 @@ from harness.cli.app import (
     app,
     console,
     load_matrix,
+    writable_folder,
 )
 from harness.engine.check import MODELS_DIR
 from harness.errors import ConfigError, ExitCode
@@ -80,8 +81,9 @@ def run(
     options = RunOptions(results_dir=results_dir, trigger=trigger, resume=resume, quiet=quiet,
                          retry_errors=retry_errors, fail_fast=fail_fast, tags=parse_tags(tag or []),
                          tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
-    if resume:
-        ResultsStore.existing(results_dir, resume)
+    writable_folder(results_dir, "--results-dir")
+    if resume:  # before Ray starts: a bad id or a corrupt cells.jsonl is a configuration error
+        ResultsStore.existing(results_dir, resume).cells()
     warn = warner(console)
     with ray_cluster(inputs.loaded, ray_address):
         inputs = on_cluster(inputs, request, warn)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.app import ResultsDirOpt, TrackingOpt, app, console
+from harness.cli.app import ResultsDirOpt, TrackingOpt, app, console, err_console
 from harness.records import ExitCode
 
 if TYPE_CHECKING:
@@ -148,6 +148,9 @@ def assess(
 
     store = resolve_run(results_dir, run_id)
     verdict = assess_run(list(latest_per_cell(store.cells()).values()), max_error_share)
+    if store.torn_line:
+        err_console.print(f"[yellow]warning[/]: the torn last line ({store.torn_line}) of {store.path / 'cells.jsonl'} "
+                          "was left out: that cell was being written when the run stopped (`--resume` runs it again)")
     if markdown:
         from harness.results.reporting import inline_code
 

@@ -1,7 +1,11 @@
 """The results folder: `results/<run_id>/` exactly as docs/results-contract.md says.
 
-Every write goes to a temporary file that is then renamed over the target, so a crash never leaves
-half a line; cells.jsonl is rewritten whole on each append for the same reason (it is small).
+Every file but cells.jsonl goes to a temporary file, synced to disk, then renamed over the target,
+so a crash never leaves half a file. cells.jsonl is appended to, one line per judged cell in one
+`write` (O(1) a cell: a 20,000-cell matrix rewrote it whole 20,000 times): a process killed in the
+middle of it leaves the line written or not; a full disk's short write is cut back to the last
+whole line; and a torn last line (power lost mid-write, a hand edit) is dropped when read, and said
+(`torn_line`), since the cell it belonged to runs again on `--resume`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ def atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
+            out.flush()
+            os.fsync(out.fileno())  # the data is on disk before the rename makes it the file
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -41,6 +47,7 @@ class ResultsStore:
         self.root = Path(root)
         self.run_id = run_id
         self.path = self.root / run_id
+        self.torn_line: int | None = None  # the torn last line of cells.jsonl that `cells` dropped, if any
 
     @classmethod
     def existing(cls, root: Path, run_id: str) -> ResultsStore:
@@ -59,8 +66,18 @@ class ResultsStore:
 
     def append_cell(self, result: CellResult) -> None:
         target = self.path / "cells.jsonl"
-        existing = target.read_text() if target.exists() else ""
-        atomic_write(target, existing + result.model_dump_json() + "\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        line = (result.model_dump_json() + "\n").encode()
+        with target.open("ab") as out:
+            whole = _after_last_newline(out)  # a torn last line is cut off, not glued to this one
+            try:
+                written = os.write(out.fileno(), line)
+                if written != len(line):
+                    raise OSError(28, f"short write to {target} ({written} of {len(line)} bytes)")
+                os.fsync(out.fileno())
+            except OSError:
+                os.truncate(target, whole)  # no half line left behind (a full disk)
+                raise
 
     def rewrite_cells(self, results: list[CellResult]) -> None:
         atomic_write(self.path / "cells.jsonl", "".join(r.model_dump_json() + "\n" for r in results))
@@ -69,12 +86,19 @@ class ResultsStore:
         target = self.path / "cells.jsonl"
         if not target.exists():
             return []
+        text = target.read_text(errors="replace")
+        lines = text.splitlines()
         results = []
-        for number, line in enumerate(target.read_text().splitlines(), start=1):
+        self.torn_line = None
+        for number, line in enumerate(lines, start=1):
             try:
                 results.append(CellResult.model_validate_json(line))
             except ValidationError as error:
-                raise ConfigError(f"{target}:{number}: not a valid cell result: {error.errors()[0]['msg']}") from None
+                if number == len(lines) and not text.endswith("\n"):
+                    self.torn_line = number  # written in part: that cell is not judged yet
+                    break
+                raise ConfigError(f"{target}:{number}: not a valid cell result: {error.errors()[0]['msg']}; "
+                                  "fix or delete that line (its cell then runs again on --resume)") from None
         return results
 
     def write_questions(self, cell_id: str, records: list[QuestionRecord]) -> Path:
@@ -96,3 +120,19 @@ class ResultsStore:
     def write_text(self, name: str, text: str) -> Path:
         atomic_write(self.path / name, text)
         return self.path / name
+
+
+def _after_last_newline(handle) -> int:
+    """The length of the file open in `handle` up to its last newline, the rest cut off."""
+    size = os.fstat(handle.fileno()).st_size
+    if size == 0:
+        return 0
+    with open(handle.name, "rb") as reader:
+        reader.seek(max(0, size - 65536))
+        tail = reader.read()
+    if tail.endswith(b"\n"):
+        return size
+    cut = tail.rfind(b"\n")
+    whole = size - len(tail) + cut + 1 if cut >= 0 else (0 if size <= 65536 else size)
+    os.truncate(handle.name, whole)
+    return whole

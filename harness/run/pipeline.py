@@ -151,12 +151,15 @@ def failed_first(cells: list[Cell], history: History, enabled: bool) -> set[str]
     return failed | references
 
 
-def _open(inputs: RunInputs, options: RunOptions) -> tuple[ResultsStore, RunInfo, list[CellResult]]:
+def _open(inputs: RunInputs, options: RunOptions, console: Console) -> tuple[ResultsStore, RunInfo, list[CellResult]]:
     """A new run, or the one named by --resume with the cells it already has."""
     if options.resume:
         store = ResultsStore.existing(options.results_dir, options.resume)
         info = store.read_run().model_copy(update={"ended_at": None, "interrupted": False})
         kept = [r for r in latest_per_cell(store.cells()).values() if not (options.retry_errors and r.status is Status.ERROR)]
+        if store.torn_line and not options.quiet:
+            console.print(f"[yellow]warning[/]: dropped the torn last line ({store.torn_line}) of "
+                          f"{store.path / 'cells.jsonl'}: a cell was being written when the run stopped; it runs again")
         return store, info, kept
     suite = inputs.loaded.suite
     run_id = new_run_id(suite.suite)
@@ -206,7 +209,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
               sinks: Callable[[ResultsStore], Sinks] | None = None) -> RunReport:
     """Run every cell of `inputs.matrix` not yet judged, gate each, and write every sink
     (`sinks(store)`; default: MLflow when tracking, the results folder, the console)."""
-    store, info, kept = _open(inputs, options)
+    store, info, kept = _open(inputs, options, console)
     info = info.model_copy(update={"gate_budget": run_budget(inputs).describe()})
     suite = inputs.loaded.suite
     history = History.of(archives(options.results_dir, options.tracking_uri), suite.suite,
