@@ -92,6 +92,13 @@ class _Child:
     run_id: str
     stage: int = 1
     questions: int = 0
+    complete: bool = True  # False: found RUNNING (the logging of it was cut off): logged again, whole
+
+
+def _cell_params(result: CellResult) -> dict[str, Any]:
+    return {"model": result.model, **result.factors, "protocol_fingerprint": result.protocol_fingerprint,
+            "reference_cell": result.reference_cell or "", "threshold": result.threshold,
+            **_flat("resolved.", result.resolved)}
 
 
 def run_verdict(exit_code: int | None) -> str:
@@ -162,19 +169,33 @@ class Tracker:
         return found[0] if found else None
 
     def _existing_children(self) -> dict[str, _Child]:
-        children = {}
+        """The cells' child runs under the parent. A child left RUNNING (the tracking server died while
+        it was logged, or the driver was killed) is adopted and logged again whole, never doubled by a
+        new one; of several runs for one cell, a finished one wins and the others are closed KILLED."""
+        found: dict[str, list[Any]] = {}
         page_token = None
         while True:
             page = self._client.search_runs([self._experiment_id], max_results=1000, page_token=page_token,
                                             filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
             for run in page:
-                tags = run.data.tags
-                if "cell_id" in tags and run.info.status in ("FINISHED", "FAILED"):
-                    children[tags["cell_id"]] = _Child(run.info.run_id, int(tags.get("stage", 1)),
-                                                       int(tags.get("questions_logged", 0)))
+                if "cell_id" in run.data.tags:
+                    found.setdefault(run.data.tags["cell_id"], []).append(run)
             page_token = page.token
             if not page_token:
-                return children
+                break
+        children = {}
+        for cell_id, runs in found.items():
+            runs.sort(key=lambda run: (run.info.status in ("FINISHED", "FAILED"), int(run.data.tags.get("stage", 0)),
+                                       run.info.start_time or 0), reverse=True)
+            kept, *extra = runs
+            tags = kept.data.tags
+            done = kept.info.status in ("FINISHED", "FAILED")
+            children[cell_id] = _Child(kept.info.run_id, int(tags.get("stage", 1)) if done else 0,
+                                       int(tags.get("questions_logged", 0)) if done else 0, complete=done)
+            for run in extra:
+                if run.info.status not in ("FINISHED", "FAILED", "KILLED"):
+                    self._client.set_terminated(run.info.run_id, "KILLED")
+        return children
 
     def start(self, info: RunInfo, params: dict[str, Any]) -> str | None:
         """The parent run of `info.run_id`: found again if it exists (a resume or a sync), else created."""
@@ -226,7 +247,7 @@ class Tracker:
         if self.parent_run_id is None or self.error is not None:
             return None
         logged = self._children.get(result.cell_id)
-        if logged is not None and result.stage <= logged.stage:
+        if logged is not None and logged.complete and result.stage <= logged.stage:
             return logged.run_id
         if logged is None:
             run_id = self._create_cell_run(result)
@@ -234,6 +255,9 @@ class Tracker:
                 return None
         else:
             run_id = logged.run_id
+            if not logged.complete:  # adopted: its params may never have been logged
+                self._log_cell_params(run_id, result)
+        fresh = logged is None or not logged.complete
         metrics = {"accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,
                    "n": result.n, "correct": result.correct, "invalid_rate": result.invalid_rate,
                    "truncated_rate": result.truncated_rate, "agreement": result.agreement,
@@ -248,7 +272,7 @@ class Tracker:
         self._batch(run_id, metrics=metrics, step=result.stage - 1,
                     tags={"status": result.status.value, "cell_id": result.cell_id, "reason": result.reason,
                           "stage": str(result.stage), "questions_logged": str(len(questions))})
-        already = logged.questions if logged is not None else 0
+        already = 0 if fresh else logged.questions
         if questions[already:]:
             import pandas
 
@@ -256,9 +280,9 @@ class Tracker:
             table = pandas.DataFrame([_question_row(q) for q in questions[already:]])
             name = EXTENSION_QUESTIONS_ARTIFACT if already else QUESTIONS_ARTIFACT
             self._call("logging the question table", self._client.log_table, run_id, table, name)
-        if server_info and logged is None:
+        if server_info and fresh:
             self._call("logging server info", self._client.log_dict, run_id, server_info, "server_info.json")
-        if log_text and logged is None:
+        if log_text and fresh:
             self._call("logging the server log", self._client.log_text, run_id, log_text, "server.log")
         # FINISHED: the cell was measured to the end (its verdict is the `status` tag). The run's
         # duration is the time the cell held its GPUs, not the time logging took.
@@ -272,18 +296,26 @@ class Tracker:
     def _create_cell_run(self, result: CellResult) -> str | None:
         """A new child run for the cell, with its params (MLflow params never change afterwards)."""
         started_ms = int(result.timings.started_at * 1000) if result.timings.started_at else None
+        # The cell id is a tag from the start: a child cut off before anything else was logged is
+        # still found (and adopted) by a resume or a sync.
         run = self._call("creating a cell run", lambda: self._client.create_run(
             self._experiment_id, run_name=result.cell_id, start_time=started_ms,
-            tags={"mlflow.parentRunId": self.parent_run_id}))
+            tags={"mlflow.parentRunId": self.parent_run_id, "cell_id": result.cell_id}))
         if run is None:
             return None
         if not self._views_written:
             self._write_views(list(result.factors))
-        params = {"model": result.model, **result.factors, "protocol_fingerprint": result.protocol_fingerprint,
-                  "reference_cell": result.reference_cell or "", "threshold": result.threshold,
-                  **_flat("resolved.", result.resolved)}
-        self._batch(run.info.run_id, params=params)
+        self._batch(run.info.run_id, params=_cell_params(result))
         return run.info.run_id
+
+    def _log_cell_params(self, run_id: str, result: CellResult) -> None:
+        """The params an adopted child lacks (MLflow refuses to change a param, so only the missing)."""
+        existing = self._call("reading a cell run", self._client.get_run, run_id)
+        if existing is None:
+            return
+        missing = {k: v for k, v in _cell_params(result).items() if k not in existing.data.params}
+        if missing:
+            self._batch(run_id, params=missing)
 
     def finish(self, info: RunInfo, artifacts: dict[str, str]) -> None:
         if self.parent_run_id is None:

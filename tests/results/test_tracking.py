@@ -1,0 +1,57 @@
+"""MLflow writes that a crash or a lost tracking server cannot double: a cell's child run cut off
+while RUNNING is adopted on the next resume or sync, never joined by a second one."""
+
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+from harness.records import Status
+from harness.results.tracking import Tracker
+from tests.records import answer, result, run_info
+
+
+def test_a_child_left_running_is_adopted_not_doubled(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    info = run_info("night-1", suite="nightly", protocol_fingerprint="fp")
+    first = Tracker(uri)
+    parent = first.start(info, {"suite": "nightly"})
+    first.log_cell(result("m.a", Status.PASS, accuracy=0.9, n=1), [answer(0, True)], {}, "")
+    # The driver dies while the second cell's child is being logged: created, tagged, never closed.
+    client = MlflowClient(tracking_uri=uri)
+    cut_off = client.create_run(first.experiment_id, run_name="m.b",
+                                tags={"mlflow.parentRunId": parent, "cell_id": "m.b"}).info.run_id
+    stray = client.create_run(first.experiment_id, run_name="m.a",
+                              tags={"mlflow.parentRunId": parent, "cell_id": "m.a"}).info.run_id
+
+    resumed = Tracker(uri)  # `--resume` or `regress sync`
+    assert resumed.start(info, {"suite": "nightly"}) == parent
+    assert resumed.log_cell(result("m.b", Status.FAIL, accuracy=0.2, n=1), [answer(0, False)], {}, "log") == cut_off
+    assert resumed.log_cell(result("m.a", Status.PASS, accuracy=0.9, n=1), [answer(0, True)], {}, "") != stray
+    assert resumed.error is None
+    children = client.search_runs([first.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    by_cell = {}
+    for child in children:
+        by_cell.setdefault(child.data.tags["cell_id"], []).append(child.info.status)
+    assert sorted(by_cell["m.b"]) == ["FINISHED"]  # adopted and closed, not a second run
+    assert sorted(by_cell["m.a"]) == ["FINISHED", "KILLED"]  # the finished one kept, the stray closed
+    adopted = client.get_run(cut_off)
+    assert adopted.data.params["model"] == "m" and adopted.data.tags["status"] == "fail"
+
+
+def test_four_processes_opening_a_fresh_sqlite_store_at_once_all_get_a_working_store(tmp_path):
+    """Two terminals, two CI shards, `make demo` twice: without the lock MLflow's schema migration
+    raced and left the store half-migrated for good."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, machine_s
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    script = ("import sys; from harness.results.mlflow_layout import mlflow_client; "
+              "client = mlflow_client(sys.argv[1]); client.create_experiment('e' + sys.argv[2]); print('ok')")
+    processes = [subprocess.Popen([sys.executable, "-c", script, uri, str(n)], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for n in range(4)]
+    outputs = [p.communicate(timeout=machine_s(300)) for p in processes]
+    assert all(p.returncode == 0 for p in processes), [err[-800:] for _, err in outputs]
+    names = {e.name for e in MlflowClient(tracking_uri=uri).search_experiments()}
+    assert {"e0", "e1", "e2", "e3"} <= names
