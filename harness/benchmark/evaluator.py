@@ -41,6 +41,9 @@ class EvalSettings:
     concurrency: int = 256
     request_timeout_s: float = 600.0
     max_attempts: int = 6
+    # All attempts at one question together (a server that sends a byte a second never times one
+    # request out early, and 6 attempts of 600 s would be an hour a question).
+    question_deadline_s: float = 900.0
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 8.0
     model_name: str = "default"
@@ -207,24 +210,34 @@ class _Attempted:
 
 async def _with_retries(send: Sender, route: str, body: dict[str, Any], endpoint: str,
                         settings: EvalSettings) -> _Attempted:
-    """One request, retried with exponential backoff (honouring Retry-After) while retrying can help."""
+    """One request, retried with exponential backoff (honouring Retry-After) while retrying can help,
+    all attempts within `settings.question_deadline_s`."""
     error: str | None = None
     attempt = 0
     latency = 0.0
+    deadline = time.perf_counter() + settings.question_deadline_s
     for attempt in range(1, settings.max_attempts + 1):
         started = time.perf_counter()
         try:
-            result = await send(route, body, endpoint)
+            result = await asyncio.wait_for(send(route, body, endpoint), timeout=max(deadline - started, 0.001))
             return _Attempted(result, None, attempt, time.perf_counter() - started)
         except _Final as final:
             return _Attempted(None, str(final), attempt, time.perf_counter() - started)
+        except asyncio.TimeoutError:
+            return _Attempted(None, f"no answer within the question's deadline of {settings.question_deadline_s:g} s "
+                                    f"({attempt} attempt{'s' * (attempt > 1)}; question_deadline_s)", attempt,
+                              time.perf_counter() - started)
         except _Retryable as retryable:
             latency = time.perf_counter() - started
             error = f"{retryable} (after {attempt} attempt{'s' * (attempt > 1)})"
             if attempt == settings.max_attempts:
                 break
             backoff = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** (attempt - 1))
-            await asyncio.sleep(min(settings.backoff_max_s, retryable.retry_after_s or backoff))
+            pause = min(settings.backoff_max_s, retryable.retry_after_s or backoff)
+            if time.perf_counter() + pause >= deadline:
+                error += f"; the question's deadline of {settings.question_deadline_s:g} s leaves no time for another"
+                break
+            await asyncio.sleep(pause)
     return _Attempted(None, error, attempt, latency)
 
 

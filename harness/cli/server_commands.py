@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,11 @@ def eval_server(
     concurrency: Annotated[int, typer.Option(help="Requests in flight.")] = 256,
     request_timeout_s: Annotated[float, typer.Option(
         help="Seconds one request may take, time queued in the server included.")] = 600.0,
+    question_deadline_s: Annotated[float, typer.Option(
+        help="Seconds all attempts at one question may take together (a server that trickles bytes).")] = 900.0,
+    client: Annotated[str, typer.Option(
+        help="HTTP client for OpenAI routes: aiohttp (lean) or openai (the SDK, for servers that need its "
+             "auth or quirks; reads OPENAI_API_KEY).")] = "aiohttp",
     floor: Annotated[float, typer.Option(
         help="Accuracy floor: significantly below it is `fail`. Without one nothing is tested: `inconclusive`.")] = 0.0,
     name: Annotated[str, typer.Option(help="Names the run and its single cell.")] = "eval",
@@ -52,10 +58,15 @@ def eval_server(
     protocol_plan = build_plan(data, protocol, num_questions, seed, max_tokens)
     request = EvalRequest(base_url=base_url, name=name, floor=floor, results_dir=results_dir, model_name=model,
                           tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
-    if request_timeout_s <= 0:
-        raise ConfigError(f"--request-timeout-s: must be positive (got {request_timeout_s})")
+    for option, value in (("--request-timeout-s", request_timeout_s), ("--question-deadline-s", question_deadline_s)):
+        if value <= 0:
+            raise ConfigError(f"{option}: must be positive (got {value})")
+    if client not in ("aiohttp", "openai"):
+        raise ConfigError(f"--client: {client!r} is not a client; allowed: aiohttp, openai")
     # One server, no reference: nothing to compare teacher-forced log-probabilities with.
-    settings = EvalSettings(concurrency=concurrency, request_timeout_s=request_timeout_s, teacher_forcing=False)
+    settings = EvalSettings(concurrency=concurrency, request_timeout_s=request_timeout_s,
+                            question_deadline_s=question_deadline_s, client=client,
+                            api_key=os.environ.get("OPENAI_API_KEY"), teacher_forcing=False)
     raise typer.Exit(run_eval(request, data, protocol_plan, settings, GateSpec(), console))
 
 

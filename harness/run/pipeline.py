@@ -108,7 +108,8 @@ class CellJobs:
         suite = self.inputs.loaded.suite
         spec = cell_launch_spec(self.inputs.loaded, cell, self.inputs.data.source, devices=devices)
         settings = EvalSettings(concurrency=suite.concurrency, request_timeout_s=suite.request_timeout_s,
-                                max_attempts=suite.request_attempts, model_name="default",
+                                max_attempts=suite.request_attempts, question_deadline_s=suite.question_deadline_s,
+                                model_name="default",
                                 teacher_forcing=suite.gate.divergence.enabled)
         early_stop = divergence_stop = None
         budget = run_budget(self.inputs)

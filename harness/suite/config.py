@@ -195,6 +195,8 @@ class Suite(Strict):
     concurrency: Annotated[int, Field(ge=1, le=4096)] = 256
     request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     request_attempts: Annotated[int, Field(ge=1, le=20)] = 6  # per question: timeouts, 5xx, 429, bad JSON
+    # All of a question's attempts together: a server that trickles bytes cannot hold one for an hour.
+    question_deadline_s: Annotated[float, Field(gt=0)] = 900.0
     stop_grace_s: Annotated[float, Field(ge=0)] = 30.0
     # No answer for this long, and /health_generate silent too: the server hung; the cell is `error`.
     stall_timeout_s: Annotated[float, Field(gt=0)] = 300.0

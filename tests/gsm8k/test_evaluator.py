@@ -185,3 +185,35 @@ def test_a_body_past_the_limit_is_not_read_whole(gsm8k, monkeypatch):
 
     score, records = asyncio.run(scenario())
     assert score.n == 0 and all("over the 1 MiB limit" in r.error and r.attempts == 1 for r in records)
+
+
+def test_a_server_that_trickles_bytes_is_cut_off_at_the_questions_deadline(gsm8k):
+    """One byte every 0.2 s never trips the request timeout's read, and with 6 attempts of 600 s it
+    held a question for an hour: all attempts together now stop at question_deadline_s."""
+    import dataclasses
+    import time
+
+    from aiohttp import web
+
+    plan = build_plan(gsm8k, "clean", 2, 0)
+
+    async def trickle(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(1000):
+            await response.write(b" ")
+            await asyncio.sleep(0.2)
+        return response
+
+    async def scenario():
+        runner, url = await hostile_server([("POST", "/v1/completions", trickle)])()
+        try:
+            return await evaluate(url, plan, dataclasses.replace(FAST_RETRIES, request_timeout_s=60.0,
+                                                                 question_deadline_s=1.5))
+        finally:
+            await runner.cleanup()
+
+    started = time.perf_counter()
+    score, records = asyncio.run(scenario())
+    assert time.perf_counter() - started < 30  # not 60 s x attempts
+    assert score.n == 0 and all("deadline of 1.5 s" in r.error for r in records)
