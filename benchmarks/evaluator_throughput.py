@@ -8,6 +8,7 @@ share of capacity, the harness's CPU time per request, then the time from `regre
 its first request and that process's peak memory.
 
     .venv/bin/python benchmarks/evaluator_throughput.py [--questions 640]
+    .venv/bin/python benchmarks/evaluator_throughput.py --quick    # what the test suite runs
 """
 
 from __future__ import annotations
@@ -81,7 +82,11 @@ async def measure(base_url: str, plan, settings: EvalSettings) -> tuple[float, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=640)
+    parser.add_argument("--quick", action="store_true",
+                        help="64 questions, one service time, the aiohttp client at 64 in flight: that it runs")
     args = parser.parse_args()
+    if args.quick:
+        args.questions = 64
     data = load_gsm8k()
     # 640 distinct prompts: the test split twice would repeat, so use the train split's questions as well.
     plan = build_plan(data, "clean", min(args.questions, len(data.test)), 0)
@@ -91,14 +96,14 @@ def main() -> None:
     print(f"server: {SLOTS} slots; {len(plan.prompts)} prompts; utilisation between 10% and 80% of the answers")
     print(f"{'service time':<22} {'client':<8} {'in flight':>9} {'utilisation':>12} {'req/s':>7} {'CPU ms/request':>15}")
     with tempfile.TemporaryDirectory() as folder:
-        for service in SERVICE_MODELS:
+        for service in list(SERVICE_MODELS)[:1] if args.quick else SERVICE_MODELS:
             spec = sim_spec(make_cell({"attention_backend": "triton"}), capacity_world(Path(folder), service))
 
-            async def run_all(spec=spec, service=service) -> None:
+            async def run_all(spec=spec, service=service, args=args) -> None:
                 async with ServerProcess(spec, Path(folder) / "server.log") as server:
                     await measure(server.base_url, plan, EvalSettings(concurrency=SLOTS))  # warm-up
-                    for client in ("aiohttp", "openai"):
-                        for in_flight in (SLOTS, 256):
+                    for client in ("aiohttp",) if args.quick else ("aiohttp", "openai"):
+                        for in_flight in (SLOTS,) if args.quick else (SLOTS, 256):
                             settings = EvalSettings(concurrency=in_flight, client=client)
                             utilisation, rate, cpu_ms = await measure(server.base_url, plan, settings)
                             print(f"{service:<22} {client:<8} {in_flight:>9} {utilisation:>12.3f} {rate:>7.0f} "

@@ -10,6 +10,11 @@ had with the cell durations as measured in the run, planned both on what the sch
 before the run and, as an oracle, on the durations as they turned out.
 
     .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0] [--failed-first] [--keep FOLDER]
+    .venv/bin/python benchmarks/scheduling.py --quick    # what the test suite runs: 2 models, 0.1 s a minute
+
+The models are hybrid-linear (Kimi-Linear's kind): their servers run the HybridLinearAttnBackend
+wrapper the incident's bug lives in, so the unified-memory, radix-on, MLA-backend cells are incident
+cells and early stop plays.
 """
 
 from __future__ import annotations
@@ -43,16 +48,16 @@ GPUS_PER_NODE, NODES = 8, 2
 QUESTIONS = 320
 
 
-def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False) -> Path:
+def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False, tps: list[int] = TPS) -> Path:
     rng = random.Random(0)
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
     world["models"] = {}
     models = []
-    for number, tp in enumerate(TPS):
+    for number, tp in enumerate(tps):
         path = f"example/model-{number}-tp{tp}"
         # Real nodes: a 2-8 minute model load, a 3-12 minute evaluation (1,319 questions, 128 in
         # flight: about 10 waves, the first 20 answers within the first). Scaled to seconds.
-        world["models"][path] = {"accuracy": 0.9, "kind": "mla",
+        world["models"][path] = {"accuracy": 0.9, "kind": "hybrid-linear",
                                  "startup_s": round(rng.uniform(2, 8) * seconds_per_minute, 2),
                                  "base_s": round(rng.uniform(0.3, 1.2) * seconds_per_minute, 2)}
         models.append({"id": f"m{number}-tp{tp}", "path": path, "tp": tp, "floor": 0.8})
@@ -111,14 +116,14 @@ def idle_breakdown(cells: list[dict], start: float, end: float) -> dict[str, flo
     return totals
 
 
-def run_once(suite: Path, results: Path, *options: str) -> list[dict]:
+def run_once(suite: Path, results: Path, tps: list[int], *options: str) -> list[dict]:
     """One `regress run` of the suite; the cells of the run it wrote, with GPUs and durations."""
     before = set(results.glob("sched-*"))
     CliRunner().invoke(app, ["run", str(suite), "--results-dir", str(results), "--quiet", "--no-tracking", *options],
                        catch_exceptions=False)
     (run_dir,) = set(results.glob("sched-*")) - before
     cells = [json.loads(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()]
-    tp = {f"m{number}-tp{width}": width for number, width in enumerate(TPS)}
+    tp = {f"m{number}-tp{width}": width for number, width in enumerate(tps)}
     for cell in cells:
         cell["gpus"] = tp[cell["model"]]
         cell["duration"] = cell["timings"]["ended_at"] - cell["timings"]["started_at"]
@@ -160,6 +165,9 @@ def report(title: str, cells: list[dict], known: list[dict] | None) -> None:
 def report_early_stop(stopped: list[dict], full: list[dict]) -> None:
     """Evaluation seconds of each incident cell stopped early, against the same cell run to the end
     with early stop off (a broken model rambles to max_tokens, so healthy cells' pace would flatter)."""
+    if not stopped:
+        print("== early stop: no cell stopped early (no incident cell in this matrix?)")
+        return
     to_the_end = {cell["cell_id"]: cell["timings"]["eval_s"] for cell in full}
     savings = sorted((1 - cell["timings"]["eval_s"] / to_the_end[cell["cell_id"]], cell["cell_id"], cell["n"],
                       cell["timings"]["eval_s"], to_the_end[cell["cell_id"]]) for cell in stopped)
@@ -178,28 +186,30 @@ def main() -> None:
                         help="run cells that failed last time first (cluster.failed_first, as PR jobs do)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the suite, world and results here instead of a temporary folder")
+    parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4), 0.1 s per real minute")
     arguments = parser.parse_args()
-    scale = arguments.seconds_per_minute
+    scale = 0.1 if arguments.quick else arguments.seconds_per_minute
+    tps = [1, 4] if arguments.quick else TPS
     os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
     print(f"durations scaled to {scale:g} s per real minute")
     if arguments.keep is not None:
         arguments.keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() if arguments.keep is None else contextlib.nullcontext(arguments.keep) as folder:
-        suite = setup(Path(folder), scale, arguments.failed_first)
+        suite = setup(Path(folder), scale, arguments.failed_first, tps)
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
         for _ in range(NODES):
             cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         try:
-            first = run_once(suite, Path(folder) / "results")
-            second = run_once(suite, Path(folder) / "results")
+            first = run_once(suite, Path(folder) / "results", tps)
+            second = run_once(suite, Path(folder) / "results", tps)
             stopped = [cell for cell in second if cell["stopped_early"]]
             (Path(folder) / "incident-cells.txt").write_text("".join(c["cell_id"] + "\n" for c in stopped))
             full_suite = yaml.safe_load(suite.read_text())
             full_suite["gate"]["early_stop_share"] = 0
             (Path(folder) / "full.yaml").write_text(yaml.safe_dump(full_suite, sort_keys=False))
-            full = run_once(Path(folder) / "full.yaml", Path(folder) / "results",
-                            "--cells", str(Path(folder) / "incident-cells.txt"))
+            full = run_once(Path(folder) / "full.yaml", Path(folder) / "results", tps,
+                            "--cells", str(Path(folder) / "incident-cells.txt")) if stopped else []
         finally:
             ray.shutdown()
             cluster.shutdown()

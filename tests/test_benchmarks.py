@@ -1,4 +1,4 @@
-"""Every benchmark with a quick mode runs here, so none can rot: it must finish and print its
+"""Every benchmark runs here in its quick mode, so none can rot: it must finish and print its
 figures (no timing or figure is asserted: the figures are the benchmark's to report)."""
 
 from __future__ import annotations
@@ -10,12 +10,26 @@ import pytest
 
 from tests.helpers import ROOT, machine_s
 
+QUICK = {
+    "divergence.py": ("incident cells: questions needed to decide", "a bug that changes no final answer",
+                      "healthy nights (no bug)"),
+    "gate_calibration.py": ("size at the margin", "early stop (pr", "healthy: red (first night)", "3-pt drop: passed",
+                            "drift 0.5 pt/night, pinned: caught by night 6"),
+    "scheduling.py": ("== first run", "makespan / lower bound", "== next run", "== early stop"),
+    "driver_load.py": ("cells finished: 8 of 8", "driver peak memory"),
+    "evaluator_throughput.py": ("utilisation", "`regress eval` start to first request"),
+}
+
 
 @pytest.mark.slow
-def test_the_divergence_benchmark_runs_in_its_quick_mode(_gsm8k_env):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "divergence.py"), "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=machine_s(300))
+@pytest.mark.parametrize("benchmark", sorted(QUICK))
+def test_every_benchmark_runs_in_its_quick_mode(_gsm8k_env, benchmark):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / benchmark), "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=machine_s(900))
     assert done.returncode == 0, done.stderr[-2000:]
-    for title in ("incident cells: questions needed to decide", "a bug that changes no final answer",
-                  "healthy nights (no bug)"):
+    for title in QUICK[benchmark]:
         assert title in done.stdout, done.stdout[-2000:]
+
+
+def test_every_benchmark_has_a_quick_mode_here():
+    assert sorted(path.name for path in (ROOT / "benchmarks").glob("*.py")) == sorted(QUICK)
