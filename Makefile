@@ -9,10 +9,12 @@ export REGRESS_GSM8K_PATH ?= $(if $(wildcard $(SHARED_GSM8K)/test.jsonl),$(SHARE
 
 venv: $(VENV)/.installed
 
+# --compile-bytecode (pip compiles by default): with PYTHONDONTWRITEBYTECODE set, as on many CI
+# images, every command would otherwise recompile mlflow and scipy (~2 s CPU each time).
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q uv
-	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev]' || $(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[dev]' || $(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
 demo: venv

@@ -20,13 +20,19 @@ def preload() -> None:
 
 
 def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a proportion; (0, 1) when n is 0."""
+    """Wilson score interval for a proportion; (0, 1) when n is 0. Its closed form (what scipy's
+    `proportion_ci(method="wilson")` computes), so that a caller that needs only this, `regress
+    eval` without a floor, never pays for importing scipy."""
     if n == 0:
         return 0.0, 1.0
-    from scipy.stats import binomtest
+    from statistics import NormalDist
 
-    interval = binomtest(correct, n).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(interval.low), float(interval.high)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    share = correct / n
+    scale = 1 + z * z / n
+    centre = (share + z * z / (2 * n)) / scale
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / scale
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def below_floor_p(correct: int, n: int, floor: float) -> float:

@@ -263,3 +263,11 @@ def test_the_margin_test_holds_its_size_where_the_score_test_does_not():
     score = _size(n, gain_rate + margin, gain_rate, margin, alpha,
                   lambda losses, gains: float(norm.sf(_tango_z(float(losses), float(gains), n, margin))))
     assert exact <= alpha < score / 3
+
+
+def test_the_wilson_interval_is_scipys_without_importing_scipy():
+    from scipy.stats import binomtest
+
+    for correct, n in ((0, 1), (3, 20), (180, 200), (1319, 1319), (1187, 1319)):
+        ours, theirs = wilson_interval(correct, n), binomtest(correct, n).proportion_ci(method="wilson")
+        assert abs(ours[0] - theirs.low) < 1e-12 and abs(ours[1] - theirs.high) < 1e-12
