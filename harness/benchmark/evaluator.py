@@ -219,7 +219,10 @@ async def _with_retries(send: Sender, route: str, body: dict[str, Any], endpoint
     for attempt in range(1, settings.max_attempts + 1):
         started = time.perf_counter()
         try:
-            result = await asyncio.wait_for(send(route, body, endpoint), timeout=max(deadline - started, 0.001))
+            # asyncio.timeout, not wait_for: wait_for runs `send` as a task of its own, and a worker
+            # cancelled (the cell stopped early) just as that task finished kept its answer.
+            async with asyncio.timeout(max(deadline - started, 0.001)):
+                result = await send(route, body, endpoint)
             return _Attempted(result, None, attempt, time.perf_counter() - started)
         except _Final as final:
             return _Attempted(None, str(final), attempt, time.perf_counter() - started)
