@@ -104,6 +104,7 @@ engine: sglang
 seed: 7
 num_questions: 30
 stop_grace_s: 2
+gate: {{tolerance: 0.2, min_effect: 0.5}}  # what 30 questions can bound
 models:
   - id: kimi-linear
     path: moonshotai/Kimi-Linear-48B-A3B-Instruct
