@@ -154,3 +154,8 @@ def test_a_cells_file_that_is_not_text_is_refused(tmp_path):
     (tmp_path / "cells.txt").write_bytes(b"\xff\xfe k\x00i\x00")
     refused(regress("run", "configs/demo.yaml", "--cells", str(tmp_path / "cells.txt"), "--results-dir",
                     str(tmp_path / "r"), "--no-tracking"), "--cells file", "not UTF-8")
+
+
+def test_an_unknown_eval_client_names_the_allowed_ones(tmp_path):
+    refused(regress("eval", "--base-url", "http://127.0.0.1:9", "--client", "curl", "--results-dir",
+                    str(tmp_path / "r"), "--no-tracking"), "--client", "aiohttp, openai")
