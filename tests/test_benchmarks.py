@@ -14,7 +14,7 @@ QUICK = {
     "divergence.py": ("incident cells: questions needed to decide", "a bug that changes no final answer",
                       "healthy nights (no bug)"),
     "gate_calibration.py": ("size at the margin", "early stop (pr", "healthy: red (first night)", "3-pt drop: passed",
-                            "drift 0.5 pt/night, pinned: caught by night 6"),
+                            "drift 0.5 pt/night, pinned: caught by night 4"),
     "scheduling.py": ("== first run", "makespan / lower bound", "== next run", "== early stop"),
     "driver_load.py": ("cells finished: 8 of 8", "driver peak memory"),
     "evaluator_throughput.py": ("utilisation", "`regress eval` start to first request"),

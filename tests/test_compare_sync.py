@@ -8,7 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from tests.helpers import INCIDENT_WORLD
+from tests.helpers import INCIDENT_WORLD, few_questions_suite
 from tests.test_run_end_to_end import children_of, mlflow_runs
 
 SELECT = "model=kimi-linear,radix_cache=on,attention_backend=fa3|triton"
@@ -21,10 +21,7 @@ def night(tmp_path, with_bug: bool, *extra: str):
     (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
     suite = yaml.safe_load(open("configs/demo.yaml"))
     suite["sim_world"] = str(tmp_path / "world.yaml")
-    # 60 questions cannot bound a drop under 3 points: a loose gate, so that a healthy night passes.
-    suite["gate"].update(tolerance=0.1, min_effect=0.3)
-    for model in suite["models"]:
-        model["floor"] = 0.7
+    few_questions_suite(suite)  # 60 questions: a gate they can meet
     (tmp_path / "demo.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     return CliRunner().invoke(app, ["run", str(tmp_path / "demo.yaml"), "--results-dir", str(tmp_path / "results"),
                                     "--num-questions", "60", "--select", SELECT, "--quiet", *extra],

@@ -23,7 +23,7 @@ from harness.cli import app
 from harness.engine.server import free_port
 from harness.records import RunInfo
 from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url
-from tests.helpers import INCIDENT_WORLD
+from tests.helpers import INCIDENT_WORLD, few_questions_suite
 from tests.test_run_end_to_end import children_of
 
 
@@ -87,6 +87,7 @@ def test_runs_on_a_tracking_server_then_it_goes_down_and_sync_completes(ray_loca
         suite = yaml.safe_load(open("configs/demo.yaml"))
         suite["sim_world"] = str(tmp_path / "slow.yaml")
         suite["cluster"]["gpus"] = 2
+        few_questions_suite(suite)  # 40 questions: a gate they can meet
         (tmp_path / "demo.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
         runner = subprocess.Popen([str(Path(sys.executable).parent / "regress"), "run", str(tmp_path / "demo.yaml"),
                                    "--results-dir", str(tmp_path / "results2"), "--tracking-uri", uri, "--quiet",
@@ -138,10 +139,12 @@ def test_two_nights_on_clean_runners_share_their_history_through_the_tracking_se
     uri = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path, port)
     select = ["--select", "model=deepseek-v2-lite,radix_cache=on", "--num-questions", "40", "--quiet"]
+    suite = tmp_path / "demo.yaml"  # 40 questions: a gate they can meet
+    suite.write_text(yaml.safe_dump(few_questions_suite(yaml.safe_load(open("configs/demo.yaml"))), sort_keys=False))
     try:
         nights = []
         for runner in ("runner-1", "runner-2"):
-            result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path / runner),
+            result = CliRunner().invoke(app, ["run", str(suite), "--results-dir", str(tmp_path / runner),
                                               "--tracking-uri", uri, "--trigger", "nightly", *select],
                                         catch_exceptions=False)
             assert result.exit_code == 0, result.output

@@ -40,7 +40,8 @@ class Stage:
     number: int = 1  # 1: the planned questions; 2: after the extension
     # The confidence of the drop bounds a pass needs here: gate.pass_confidence, split over the
     # stages a cell can pass at (`pass_confidence_per_stage`), so that a cell that truly dropped by
-    # min_effect passes at most 1 - gate.pass_confidence of the time over all its chances.
+    # min_effect passes about 1 - gate.pass_confidence of the time or less over all its chances (a
+    # union bound over stages of approximate score bounds; benchmarks/gate_calibration.py measures it).
     pass_confidence: float | None = None
 
 
