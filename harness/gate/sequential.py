@@ -78,7 +78,7 @@ class EarlyStop:
             return None
         level = self.alpha / len(self.thresholds)
         return (f"stopped early after the first {n} answered questions of the seeded order: {correct} correct, below "
-                f"floor {self.floor:.2f} (at most {limit} of {n} rejects it at p < {level:.2g}: alpha "
+                f"floor {self.floor:.4g} (at most {limit} of {n} rejects it at p < {level:.2g}: alpha "
                 f"{self.alpha} split over {len(self.thresholds)} looks)")
 
     def check(self, records: list[QuestionRecord]) -> str | None:

@@ -96,9 +96,9 @@ def _floor_part(test_answers: dict[int, bool], floor: float, alpha: float, teste
         return _Part(Status.PASS), None
     p = below_floor_p(correct, n, floor)
     if tested and p < alpha:
-        return _Part(Status.FAIL, f"below floor {floor:.2f} on {n} test questions (p={p:.2g} < {alpha:.2g})"), p
+        return _Part(Status.FAIL, f"below floor {floor:.4g} on {n} test questions (p={p:.2g} < {alpha:.2g})"), p
     if correct / n < floor:
-        return _Part(Status.INCONCLUSIVE, f"under floor {floor:.2f} on {n} test questions but not "
+        return _Part(Status.INCONCLUSIVE, f"under floor {floor:.4g} on {n} test questions but not "
                                           f"significantly (p={p:.2g})"), p
     return _Part(Status.PASS), p
 
