@@ -119,14 +119,17 @@ def _tango_z(losses, gains, n: int, margin: float):
     return np.where(scale > 0, z, np.where(losses - gains - n * margin > 0, np.inf, -np.inf))
 
 
-TAIL_SDS = 9.0  # the exact tail sums over counts within this many sd of the null's means (the rest < 1e-18)
+# The exact tail sums over counts within this many sd (and 3 counts) of the null's means; the mass
+# outside is far below any alpha a run's budget gives one test (1e-6 and up).
+TAIL_SDS = 9.0
 
 
 def _exact_tail(losses: int, gains: int, n: int, margin: float) -> float:
     """P(Tango's z >= the observed z) under "drop = margin", summed exactly over the trinomial of
     (losses, gains) at the null's fitted gain rate: Krishnamoorthy's E-test. The score test's
     normal tail is too small at the tiny alphas a run's budget gives a test when discordant pairs
-    are few (4x at 1% discordance); this sum follows the counts' discreteness and skew instead."""
+    are few (it rejects up to 12x too often: benchmarks/gate_calibration.py --only size); this sum
+    follows the counts' discreteness and skew instead (at most 1.03x there)."""
     import numpy as np
     from scipy.stats import binom
 

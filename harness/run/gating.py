@@ -124,7 +124,8 @@ class Gating:
         if pinned is not None and found is not None and pinned[0] == found[0]:
             pinned = None  # the same run twice is one test, not two
         confidence = pass_confidence_per_stage(self.gate.pass_confidence, 2 if self.budget.extension_share else 1)
-        judgement = Stage(alpha=self.budget.stage(stage), pass_confidence=confidence, floor_tested=stage == 1 or cell.cell_id in self._floor_grew, number=stage)
+        judgement = Stage(alpha=self.budget.stage(stage), pass_confidence=confidence, number=stage,
+                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew)
         problem = self._reference_problem(cell, reference_missing)
         if problem:
             self._unvouched.add(cell.cell_id)
