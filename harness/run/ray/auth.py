@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from harness.errors import ConfigError
 
 
 def require_token_auth() -> None:
-    if "ray" in __import__("sys").modules:
+    """Set RAY_AUTH_MODE=token (and a token when none is set up) for this process and its children."""
+    if "ray" in sys.modules:
         return  # too late to change what this process's Ray reads (an embedding program started it)
     mode = os.environ.get("RAY_AUTH_MODE", "")
     if mode and mode != "token":
