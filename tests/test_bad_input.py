@@ -136,13 +136,13 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 
 def test_hostile_suite_files_get_one_line_and_exit_2(tmp_path):
-    """An alias bomb (10^9 values once expanded), a 5,000-deep list, a non-UTF-8 file, a binary file:
+    """An alias bomb (10^9 values once expanded), a 5,000-deep list, a non-UTF-8 file, a binary file, 5 MiB:
     each is refused before anything starts, in one line."""
     cases = {"bomb.yaml": (BOMB + DEMO).encode(), "deep.yaml": ("x: " + "[" * 5000 + "]" * 5000 + "\n").encode(),
              "latin1.yaml": DEMO.replace("# The incident demo", "# caf\xe9").encode("latin-1"),
-             "binary.yaml": bytes(range(256)) * 4}
+             "binary.yaml": bytes(range(256)) * 4, "huge.yaml": DEMO.encode() + b"#" * (5 << 20)}
     expected = {"bomb.yaml": "alias bomb", "deep.yaml": "nested deeper", "latin1.yaml": "not UTF-8",
-                "binary.yaml": "not UTF-8"}
+                "binary.yaml": "not UTF-8", "huge.yaml": "larger than 4 MiB"}
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         result = regress("plan", str(tmp_path / name))
