@@ -4,7 +4,7 @@ handler; the commands live by what they work on: a suite's matrix, one server, f
 from __future__ import annotations
 
 from harness.cli import matrix_commands, result_commands, server_commands  # noqa: F401 - they register commands
-from harness.cli.app import app, err_console
+from harness.cli.app import app, print_error
 
 
 def main() -> int:
@@ -15,7 +15,7 @@ def main() -> int:
     try:
         require_token_auth()
     except RegressError as error:
-        err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
+        print_error(error)
         return error.exit_code
     return app(prog_name="regress") or 0
 

@@ -22,7 +22,7 @@ from typer.core import TyperGroup
 from harness.errors import ConfigError, ExitCode, RegressError
 from harness.run.build import load_matrix
 
-__all__ = ["app", "console", "err_console", "load_matrix", "at_least_one", "writable_folder"]
+__all__ = ["app", "console", "err_console", "load_matrix", "at_least_one", "print_error", "writable_folder"]
 
 # CI logs are not terminals; rich would wrap tables at 80 columns there.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -44,6 +44,11 @@ def writable_folder(path: Path, option: str) -> None:
                           "point it at a writable folder") from None
 
 
+def print_error(error: RegressError) -> None:
+    """The one line a RegressError ends a command with."""
+    err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
+
+
 class RegressCommands(TyperGroup):
     """Every command runs through here: a RegressError ends it with one line and its exit code
     (`RegressError.exit_code`: 2 for configuration, 3 for infrastructure), never a traceback."""
@@ -52,7 +57,7 @@ class RegressCommands(TyperGroup):
         try:
             return super().invoke(ctx)
         except RegressError as error:
-            err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
+            print_error(error)
             raise typer.Exit(error.exit_code) from None
         except OSError as error:
             if error.errno not in DISK_ERRORS:

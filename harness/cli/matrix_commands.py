@@ -121,9 +121,9 @@ def select_for_change(
     if (changed_files is None) == (git_diff is None):
         raise ConfigError("give exactly one of --changed-files FILE or --git-diff BASE..HEAD")
     if changed_files is not None:
-        from harness.suite.files import read_text
+        from harness.suite.files import read_lines
 
-        files = [line.strip() for line in read_text(changed_files, "--changed-files file").splitlines() if line.strip()]
+        files = read_lines(changed_files, "--changed-files file")
     else:
         files = changed_files_from_git(repo, git_diff or "")
     selected = select_cells(matrix, load_selection(rules), files)

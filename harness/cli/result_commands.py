@@ -148,9 +148,11 @@ def assess(
 
     store = resolve_run(results_dir, run_id)
     verdict = assess_run(list(latest_per_cell(store.cells()).values()), max_error_share)
-    if store.torn_line:
-        err_console.print(f"[yellow]warning[/]: the torn last line ({store.torn_line}) of {store.path / 'cells.jsonl'} "
-                          "was left out: that cell was being written when the run stopped (`--resume` runs it again)")
+    torn = store.torn_note()
+    if torn:
+        from harness.results.reporting import warner
+
+        warner(err_console)(torn)
     if markdown:
         from harness.results.reporting import inline_code
 

@@ -58,7 +58,7 @@ def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
         shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more; --json lists all)" if len(ids) > 3 else "")
         console.print(f"[dim]excluded {len(ids)}: {reason}: {shown}[/]")
     for warning in loaded.suite.warnings():
-        console.print(f"[yellow]warning[/]: {warning}")
+        warner(console)(warning)
 
 
 def _accuracy(result: CellResult) -> str:

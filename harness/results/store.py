@@ -10,6 +10,7 @@ whole line; and a torn last line (power lost mid-write, a hand edit) is dropped 
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import tempfile
@@ -73,7 +74,7 @@ class ResultsStore:
             try:
                 written = os.write(out.fileno(), line)
                 if written != len(line):
-                    raise OSError(28, f"short write to {target} ({written} of {len(line)} bytes)")
+                    raise OSError(errno.ENOSPC, f"short write to {target} ({written} of {len(line)} bytes)")
                 os.fsync(out.fileno())
             except OSError:
                 os.truncate(target, whole)  # no half line left behind (a full disk)
@@ -101,6 +102,13 @@ class ResultsStore:
                                   "fix or delete that line (its cell then runs again on --resume)") from None
         return results
 
+    def torn_note(self) -> str | None:
+        """What to tell the user when the last `cells` dropped a torn line, else None."""
+        if self.torn_line is None:
+            return None
+        return (f"dropped the torn last line ({self.torn_line}) of {self.path / 'cells.jsonl'}: a cell was being "
+                "written when the run stopped; `--resume` runs it again")
+
     def write_questions(self, cell_id: str, records: list[QuestionRecord]) -> Path:
         path = self.path / "questions" / f"{cell_id}.jsonl"
         atomic_write(path, "".join(r.model_dump_json() + "\n" for r in records))
@@ -122,17 +130,21 @@ class ResultsStore:
         return self.path / name
 
 
+TAIL_BYTES = 65536  # where a torn last line is looked for (the demo's longest line: 2.8 KB; an error cell adds 40 log lines)
+
+
 def _after_last_newline(handle) -> int:
-    """The length of the file open in `handle` up to its last newline, the rest cut off."""
+    """The length of the file open in `handle` up to its last newline, the rest cut off (a torn
+    line longer than TAIL_BYTES is left as it is)."""
     size = os.fstat(handle.fileno()).st_size
     if size == 0:
         return 0
     with open(handle.name, "rb") as reader:
-        reader.seek(max(0, size - 65536))
+        reader.seek(max(0, size - TAIL_BYTES))
         tail = reader.read()
     if tail.endswith(b"\n"):
         return size
     cut = tail.rfind(b"\n")
-    whole = size - len(tail) + cut + 1 if cut >= 0 else (0 if size <= 65536 else size)
+    whole = size - len(tail) + cut + 1 if cut >= 0 else (0 if size <= TAIL_BYTES else size)
     os.truncate(handle.name, whole)
     return whole

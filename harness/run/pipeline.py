@@ -30,6 +30,7 @@ from harness.records import CellOutcome, CellResult, ExitCode, RunInfo, Status, 
 from harness.results.archive import archives
 from harness.results.catalog import stored_outcome
 from harness.results.provenance import closed_run_info, new_run_info
+from harness.results.reporting import warner
 from harness.results.sinks import Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
 from harness.run.build import RunInputs
@@ -158,9 +159,9 @@ def _open(inputs: RunInputs, options: RunOptions, console: Console) -> tuple[Res
         store = ResultsStore.existing(options.results_dir, options.resume)
         info = store.read_run().model_copy(update={"ended_at": None, "interrupted": False})
         kept = [r for r in latest_per_cell(store.cells()).values() if not (options.retry_errors and r.status is Status.ERROR)]
-        if store.torn_line and not options.quiet:
-            console.print(f"[yellow]warning[/]: dropped the torn last line ({store.torn_line}) of "
-                          f"{store.path / 'cells.jsonl'}: a cell was being written when the run stopped; it runs again")
+        torn = store.torn_note()
+        if torn and not options.quiet:
+            warner(console)(torn)
         return store, info, kept
     suite = inputs.loaded.suite
     run_id = new_run_id(suite.suite)
@@ -216,10 +217,11 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     history = History.of(archives(options.results_dir, options.tracking_uri), suite.suite,
                          inputs.plan.fingerprint, info.run_id, suite.gate.pinned_run)
     if not options.quiet:
+        warn = warner(console)
         for warning in [*suite.warnings(), *([history.pinned_problem] if history.pinned_problem else [])]:
-            console.print(f"[yellow]warning[/]: {warning}")
+            warn(warning)
         if history.pinned_run is not None:
-            how = " (auto: the first run of this protocol in which every cell passed)" \
+            how = " (auto: the first run of this protocol that was not red)" \
                 if suite.gate.pinned_run == AUTO_PIN else ""
             console.print(f"pinned run: {history.pinned_run.run_id}{how}; every cell is also paired with it")
     sinks = sinks(store) if sinks else standard_sinks(store, options.tracking_uri, console, options.quiet)

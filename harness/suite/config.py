@@ -124,9 +124,9 @@ class GateSpec(Strict):
     # The share of the cells' final alpha kept for the judgement after the extension (stage 2).
     extension_share: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.7
     # A run of this suite every cell is also paired with (besides its last run), so a slow drift
-    # of a point a night cannot pass unseen. `auto`: the first run of this protocol in which every
-    # cell passed (the job says which); a run id: that run (`regress calibrate SUITE` proposes
-    # one); null: none.
+    # of a point a night cannot pass unseen. `auto`: the first finished run of this protocol that
+    # was not red (no fail or mismatch; the job says which); a run id: that run (`regress calibrate
+    # SUITE` proposes one); null: none.
     pinned_run: str | None = "auto"
     # A model's floor when it gives its `accuracy` but no floor: this far under it.
     floor_margin: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.03

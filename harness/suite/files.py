@@ -39,6 +39,11 @@ def read_text(path: str | Path, what: str) -> str:
                           " save it as UTF-8") from None
 
 
+def read_lines(path: str | Path, what: str) -> list[str]:
+    """The file's non-blank lines, stripped (a list of cell ids, of changed files)."""
+    return [line.strip() for line in read_text(path, what).splitlines() if line.strip()]
+
+
 def load_yaml(path: str | Path, what: str) -> Any:
     """The file's YAML document, checked against MAX_DEPTH and MAX_VALUES."""
     return parse_yaml(read_text(path, what), path)

@@ -21,7 +21,7 @@ from harness.suite.config import (
     axis_value_names,
     did_you_mean,
 )
-from harness.suite.files import read_text
+from harness.suite.files import read_lines
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ def select(matrix: Matrix, expression: str | None, ids: set[str] | None = None) 
 
 def select_listed(matrix: Matrix, path: Path) -> Matrix:
     """The cells whose ids the file at `path` lists (one per line; `--cells`), with their reference cells."""
-    wanted = {line.strip() for line in read_text(path, "--cells file").splitlines() if line.strip()}
+    wanted = set(read_lines(path, "--cells file"))
     if not wanted:
         raise ConfigError(f"--cells {path}: lists no cell, so there is nothing to run (`regress select` writes an "
                           "empty list when the change affects no cell of the suite); run without --cells for all")
