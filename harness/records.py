@@ -98,7 +98,7 @@ def run_exit_code(statuses: list[Status]) -> ExitCode:
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 TEST_SPLIT = "test"

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from harness.errors import ConfigError, ExitCode, RegressError
@@ -46,7 +47,8 @@ def writable_folder(path: Path, option: str) -> None:
 
 def print_error(error: RegressError) -> None:
     """The one line a RegressError ends a command with."""
-    err_console.print(f"[bold red]error[/]: {error}", highlight=False, soft_wrap=True)
+    # Escaped: messages quote patterns and values (`[a-z0-9]`, `models[0]`) that rich would read as markup.
+    err_console.print(f"[bold red]error[/]: {escape(str(error))}", highlight=False, soft_wrap=True)
 
 
 class RegressCommands(TyperGroup):
@@ -65,7 +67,7 @@ class RegressCommands(TyperGroup):
             # The disk under results/ (or the tracking store) filled up or went read-only mid-run:
             # an infrastructure fault, never "regressions found"; the cells written so far stay.
             where = f" ({error.filename})" if error.filename else ""
-            err_console.print(f"[bold red]error[/]: could not write{where}: {error.strerror or error}; the cells "
+            err_console.print(f"[bold red]error[/]: could not write{escape(where)}: {error.strerror or error}; the cells "
                               "judged so far are kept: free space, then `regress run SUITE --resume RUN_ID` runs "
                               "the rest", highlight=False, soft_wrap=True)
             raise typer.Exit(ExitCode.UNDECIDED) from None

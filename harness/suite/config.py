@@ -19,15 +19,19 @@ from harness.registry import did_you_mean
 from harness.suite.axes import AXES, SGLANG_ATTENTION_BACKENDS, backend_axes
 from harness.suite.files import parse_yaml, read_text
 
+# Suite and model ids name files (results/<run>/questions/<cell>.jsonl), MLflow runs and ids of cells that
+# join them with axis values; 64 keeps a cell id well under a file name's 255 bytes.
+MAX_NAME = 64
+
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False, strict=True)
 
 
 class ModelSpec(Strict):
     """One model of the matrix and how its servers are launched."""
 
-    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=MAX_NAME)]
     path: str
     tp: Annotated[int, Field(ge=1, le=64)] = 1
     # Significantly below it on the test questions is `fail`; 0: not tested. Left out with an
@@ -61,8 +65,8 @@ class ClusterSpec(Strict):
     # Where the servers run: `cuda` (a GPU per slot; Ray's GPU resource) or `cpu` (sglang's CPU
     # backend; a slot is Ray's custom resource `regress_cpu_slot`, a core's worth of serving).
     platform: Literal["cuda", "cpu"] = "cuda"
-    gpus: Annotated[int, Field(ge=0)] = 8  # slots per local node: GPUs, or on `cpu` the CPU slots
-    cpus: Annotated[int, Field(ge=1)] | None = None
+    gpus: Annotated[int, Field(ge=0, le=4096)] = 8  # slots per local node: GPUs, or on `cpu` the CPU slots
+    cpus: Annotated[int, Field(ge=1, le=65536)] | None = None
     runtime_env: dict[str, Any] = {}
     # Between nodes that fit a cell equally well, prefer one that already loaded its model in this
     # run (the weights are still in its page cache): the warm-up knob.
@@ -177,7 +181,7 @@ def _as_str(value: Any) -> str:
 class Suite(Strict):
     """A validated suite file (README, "Suites"; docs/design.md)."""
 
-    suite: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    suite: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=MAX_NAME)]
     # A registered engine (harness.engine.engines: sglang, sim), checked where the run is built.
     engine: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "sim"
     sim_world: str | None = None
@@ -191,7 +195,8 @@ class Suite(Strict):
     # null: the whole test split; past its 1,319 (clean, chat): then train questions, for the paired tests.
     num_questions: Annotated[int, Field(ge=1)] | None = 200
     max_tokens: Annotated[int, Field(ge=1)] = 512
-    seed: int = 0
+    # Also the servers' --random-seed, which numpy takes only below 2**32.
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 0
     concurrency: Annotated[int, Field(ge=1, le=4096)] = 256
     request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     request_attempts: Annotated[int, Field(ge=1, le=20)] = 6  # per question: timeouts, 5xx, 429, bad JSON
@@ -338,7 +343,8 @@ _FIELDS_AT: dict[str, type[BaseModel]] = {
 
 
 def describe_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid suite ({error.error_count()} problem{'s' * (error.error_count() > 1)})"]
+    """One line for one problem (`suite.yaml: gate.alpha: ...`); a header and a line each for several."""
+    problems = []
     for item in error.errors():
         location = tuple(item["loc"])
         where = _format_location(location)
@@ -351,9 +357,16 @@ def describe_validation_error(error: ValidationError, source: str) -> str:
         elif item["type"] == "missing":
             message = "required key is missing"
         elif "input" in item and item["type"] not in ("value_error",):
-            message += f" (got {item['input']!r})"
-        lines.append(f"  - {where}: {message}")
-    return "\n".join(lines)
+            message += f" (got {_shortened(repr(item['input']))})"
+        problems.append(f"{where}: {message}")
+    if len(problems) == 1:
+        return f"{source}: {problems[0]}"
+    return "\n".join([f"{source}: invalid suite ({len(problems)} problems)", *(f"  - {p}" for p in problems)])
+
+
+def _shortened(text: str, limit: int = 80) -> str:
+    """A value as an error quotes it: a 5 MB string pasted in a suite is not echoed whole."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def load_suite(path: str | Path) -> LoadedSuite:

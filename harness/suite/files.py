@@ -52,16 +52,40 @@ def load_yaml(path: str | Path, what: str) -> Any:
 def parse_yaml(text: str, path: str | Path) -> Any:
     """`text` (read from `path`) as YAML, checked against MAX_DEPTH and MAX_VALUES."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader (below)
+    except _DuplicateKey as error:
+        raise ConfigError(f"{path}: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or str(error)
-        raise ConfigError(f"{path}: YAML syntax error{where}: {problem}") from None
+        raise ConfigError(f"{path}: YAML syntax error{where}: {problem.splitlines()[0]}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested deeper than the YAML reader can follow (limit {MAX_DEPTH} levels)") from None
     _check_bounds(data, path)
     return data
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last silently, so a
+    second `gate:` further down a suite would replace the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "
+                                        f"{key_node.start_mark.line + 1}); keep one")
+                seen[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key: the constructor below says so
+                break
+        return super().construct_mapping(node, deep=deep)
 
 
 def _check_bounds(data: Any, path: str | Path) -> None:
