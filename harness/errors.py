@@ -17,10 +17,17 @@ Messages say what happened and what to do about it.
 
 from __future__ import annotations
 
+import errno
+
 from harness.records import ErrorKind, ExitCode
 
 __all__ = ["ErrorKind", "ExitCode", "RegressError", "ConfigError", "DatasetError", "InfraError",
-           "ServerError", "ClusterError", "ProbeError", "TrackingError"]
+           "ServerError", "ClusterError", "ProbeError", "TrackingError", "DISK_ERRNOS"]
+
+
+# OSErrors that mean the disk, not the code: full, over quota, remounted read-only, failing. Writing
+# results hits them as infrastructure faults (exit 3), never as a verdict.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 class RegressError(Exception):

@@ -304,6 +304,9 @@ class RunInfo(Record):
     mlflow_experiment_id: str | None = None
     tracking_uri: str | None = None
     tracking_error: str | None = None
+    # Why some of the run could not be written to its results folder (a full or read-only disk), and
+    # where it went instead; the process then exits 3, whatever `exit_code` (the verdicts') says.
+    results_error: str | None = None
     attribution: str | None = None
     interrupted: bool = False
     tags: dict[str, str] = {}  # `regress run --tag KEY=VALUE`: a PR number, an sglang ref; MLflow tags too

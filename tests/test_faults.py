@@ -83,30 +83,73 @@ def test_every_fault_gets_its_status_and_nothing_survives(ray_local, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["counts"]["error"] == 6
 
 
-def test_a_full_disk_mid_run_is_exit_3_in_one_line_and_keeps_the_cells_written(ray_local, tmp_path, monkeypatch):
-    """The disk fills up after the first cell was written: an infrastructure fault (exit 3, never 1),
-    one line, and the first cell still in cells.jsonl for --resume."""
+def _disk_fills_after(count: int, monkeypatch, frees_after: int | None = None) -> list[str]:
+    """ResultsStore writes into a run folder under `results` fail with ENOSPC after `count` cells were
+    appended (until `frees_after` further attempts, if given); the rescue folder's writes succeed."""
     import errno
 
     from harness.results.store import ResultsStore
 
-    real_append, calls = ResultsStore.append_cell, []
+    real_append, attempts = ResultsStore.append_cell, []
 
-    def append_then_fill(self, result):
-        calls.append(result.cell_id)
-        if len(calls) > 1:
-            raise OSError(errno.ENOSPC, "No space left on device", str(self.path / "cells.jsonl"))
+    def append_on_a_filling_disk(self, result):
+        if self.root.name == "results":
+            attempts.append(result.cell_id)
+            full = len(attempts) > count and (frees_after is None or len(attempts) <= count + frees_after)
+            if full:
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path / "cells.jsonl"))
         real_append(self, result)
 
-    monkeypatch.setattr(ResultsStore, "append_cell", append_then_fill)
-    result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--num-questions",
-                                      "20", "--select", "model=deepseek-v2-lite,unified_memory=off,radix_cache=on",
-                                      "--no-tracking", "--quiet"])
+    monkeypatch.setattr(ResultsStore, "append_cell", append_on_a_filling_disk)
+    return attempts
+
+
+def _small_run(tmp_path: Path) -> list[str]:
+    """4 healthy DeepSeek cells of 20 questions, under a gate 20 questions can meet (they pass)."""
+    from tests.helpers import ROOT, few_questions_suite
+
+    suite = few_questions_suite(yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text()))
+    suite["sim_world"] = str(ROOT / suite["sim_world"])
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    return ["run", str(tmp_path / "suite.yaml"), "--num-questions", "20", "--no-tracking", "--quiet",
+            "--select", "model=deepseek-v2-lite,unified_memory=off,radix_cache=on"]
+
+
+def test_a_full_disk_mid_run_keeps_every_answer_says_where_and_exits_3(ray_local, tmp_path, monkeypatch):
+    """The disk fills up after the first cell was written: the run goes on, the cells the disk refused
+    are kept and written to the rescue folder at the close, run.json there says so, and the run ends
+    with exit 3 (never 1) and one line that names both folders."""
+    monkeypatch.setenv("REGRESS_RESCUE_DIR", str(tmp_path / "rescue"))
+    _disk_fills_after(1, monkeypatch)
+    result = CliRunner().invoke(app, [*_small_run(tmp_path), "--results-dir", str(tmp_path / "results")])
     assert result.exit_code == 3, result.output
-    assert "No space left on device" in result.output and "--resume" in result.output
     assert "Traceback" not in result.output
-    (cells,) = tmp_path.glob("demo-*/cells.jsonl")
-    assert len(cells.read_text().splitlines()) == 1
+    lines = [text for text in result.output.strip().splitlines() if "Token authentication" not in text]  # Ray's
+    assert len(lines) == 1, result.output
+    (line,) = lines
+    assert "No space left on device" in line and str(tmp_path / "rescue") in line and "--resume" in line
+    (cells,) = (tmp_path / "results").glob("*/cells.jsonl")
+    written = [CellResult.model_validate_json(text) for text in cells.read_text().splitlines()]
+    (rescue,) = (tmp_path / "rescue").glob("*")
+    rescued = [CellResult.model_validate_json(text) for text in (rescue / "cells.jsonl").read_text().splitlines()]
+    assert len(written) == 1 and len(rescued) == 3  # 4 backends: one before the disk filled, 3 after
+    assert {r.cell_id for r in written} | {r.cell_id for r in rescued} == {r.cell_id for r in written + rescued}
+    for cell in rescued:
+        assert (rescue / "questions" / f"{cell.cell_id}.jsonl").read_text().count("\n") == 20
+    info = json.loads((rescue / "run.json").read_text())
+    assert "No space left on device" in info["results_error"] and info["counts"] == {"pass": 4}
+
+
+def test_a_disk_that_fills_and_frees_again_loses_nothing_and_keeps_the_verdict(ray_local, tmp_path, monkeypatch):
+    """Space comes back before the close: every kept cell is written where it belongs, in order."""
+    monkeypatch.setenv("REGRESS_RESCUE_DIR", str(tmp_path / "rescue"))
+    attempts = _disk_fills_after(1, monkeypatch, frees_after=1)
+    result = CliRunner().invoke(app, [*_small_run(tmp_path), "--results-dir", str(tmp_path / "results")])
+    assert result.exit_code == 0, result.output
+    assert len(attempts) == 5  # 4 cells, one of them tried twice
+    (cells,) = (tmp_path / "results").glob("*/cells.jsonl")
+    assert len(cells.read_text().splitlines()) == 4 and not (tmp_path / "rescue").exists()
+    assert json.loads((cells.parent / "run.json").read_text())["results_error"] is None
 
 
 def test_a_results_folder_that_cannot_be_written_is_exit_2_before_anything_starts(tmp_path):

@@ -8,7 +8,6 @@ nothing was launched; 130 interrupted.
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from harness.errors import ConfigError, ExitCode, RegressError
+from harness.errors import DISK_ERRNOS, ConfigError, ExitCode, RegressError
 from harness.run.build import load_matrix
 
 __all__ = ["app", "console", "err_console", "load_matrix", "at_least_one", "print_error", "writable_folder"]
@@ -28,9 +27,6 @@ __all__ = ["app", "console", "err_console", "load_matrix", "at_least_one", "prin
 # CI logs are not terminals; rich would wrap tables at 80 columns there.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-
-
-DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 def writable_folder(path: Path, option: str) -> None:
@@ -62,7 +58,7 @@ class RegressCommands(TyperGroup):
             print_error(error)
             raise typer.Exit(error.exit_code) from None
         except OSError as error:
-            if error.errno not in DISK_ERRORS:
+            if error.errno not in DISK_ERRNOS:
                 raise
             # The disk under results/ (or the tracking store) filled up or went read-only mid-run:
             # an infrastructure fault, never "regressions found"; the cells written so far stay.

@@ -102,6 +102,8 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
         if result.status in (Status.FAIL, Status.MISMATCH, Status.ERROR):
             console.print(f"  [{result.status.colour}]{result.status.value}[/] {result.cell_id}: {result.reason}")
     console.print(f"results: {results_path}")
+    if info.results_error:
+        console.print(f"[bold red]results not all written[/]: {escape(info.results_error)}")
     if info.tracking_error:
         console.print(f"[yellow]MLflow not updated[/]: {info.tracking_error}")
     elif info.tracking_uri:

@@ -9,12 +9,16 @@ Each sink returns the record as it leaves it, and the next one sees that.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
+from rich.markup import escape
 
+from harness.errors import DISK_ERRNOS
 from harness.records import CellResult, QuestionRecord, RunInfo, Status
 from harness.results.mlflow_layout import CELLS_ARTIFACT
 from harness.results.reporting import junit_xml, print_summary, summary_markdown
@@ -66,29 +70,103 @@ class Sinks:
 
 
 class FolderSink:
-    """`results/<run_id>/`: run.json, cells.jsonl, questions/, logs/, summary.md, junit.xml."""
+    """`results/<run_id>/`: run.json, cells.jsonl, questions/, logs/, summary.md, junit.xml.
 
-    def __init__(self, store: ResultsStore) -> None:
+    A disk that fills up (or goes read-only) mid-run costs no answers: the cells that could not be
+    written are kept in memory and written again before every later cell and at the close (space may
+    have been freed meanwhile); what still cannot be written at the close goes, as a run folder of its
+    own, under `rescue_root` (another disk, by default the system's temporary folder), and run.json's
+    `results_error` says so. Other OSErrors are bugs and propagate.
+    """
+
+    def __init__(self, store: ResultsStore, rescue_root: Path | None = None) -> None:
         self.store = store
+        self.rescue_root = rescue_root if rescue_root is not None else default_rescue_root()
+        self.unwritten: list[FinishedCell] = []  # judged cells the disk refused, oldest first
+        self.error: OSError | None = None  # the first disk error, if any
 
     def open(self, info: RunInfo, params: dict[str, Any]) -> RunInfo:
         self.store.write_run(info)
         return info
 
     def cell(self, finished: FinishedCell) -> CellResult:
+        self.unwritten.append(finished)
+        written = self._flush()
+        if self.unwritten:  # the disk refused (at least) this one: kept, its log_path set once written
+            return finished.result
+        return written[-1]
+
+    def _flush(self) -> list[CellResult]:
+        """Write the kept cells in order, stopping at the first disk error (the rest stay kept);
+        returns the results written, as written."""
+        written: list[CellResult] = []
+        while self.unwritten:
+            try:
+                written.append(self._write(self.unwritten[0]))
+            except OSError as error:
+                if error.errno not in DISK_ERRNOS:
+                    raise
+                self.error = self.error or error
+                break
+            self.unwritten.pop(0)
+        return written
+
+    def _write(self, finished: FinishedCell, store: ResultsStore | None = None) -> CellResult:
+        store = store or self.store
         result = finished.result
         if result.status is not Status.SKIPPED:
-            self.store.write_questions(result.cell_id, finished.questions)
+            store.write_questions(result.cell_id, finished.questions)
         if finished.log:
-            result = result.model_copy(update={"log_path": str(self.store.write_log(result.cell_id, finished.log))})
-        self.store.append_cell(result)
+            result = result.model_copy(update={"log_path": str(store.write_log(result.cell_id, finished.log))})
+        store.append_cell(result)
         return result
 
     def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
-        self.store.write_text("summary.md", summary_markdown(info, results))
-        self.store.write_text("junit.xml", junit_xml(info, results))
-        self.store.write_run(info)
+        self._flush()
+        try:
+            if self.unwritten:
+                raise self.error or OSError("unwritten cells")
+            self._write_summaries(self.store, info, results)
+            return info
+        except OSError as error:
+            if error.errno not in DISK_ERRNOS:
+                raise
+            return self._rescue(info, results, error)
+
+    def _write_summaries(self, store: ResultsStore, info: RunInfo, results: list[CellResult]) -> None:
+        store.write_text("summary.md", summary_markdown(info, results))
+        store.write_text("junit.xml", junit_xml(info, results))
+        store.write_run(info)
+
+    def _rescue(self, info: RunInfo, results: list[CellResult], error: OSError) -> RunInfo:
+        """The cells the results folder could not take, written as a run folder under rescue_root."""
+        rescue = ResultsStore(self.rescue_root, self.store.run_id)
+        kept = len(self.unwritten)
+        what = f"{kept} judged cell{'s' * (kept != 1)} (answers and logs)" if kept else "its run.json and summaries"
+        info = info.model_copy(update={"results_error": (
+            f"{_disk_error(error)}: {what} could not be written to {self.store.path}; written instead to "
+            f"{rescue.path}: append its cells.jsonl to the run's and copy questions/ and logs/ over, then "
+            f"`regress run SUITE --resume {self.store.run_id}` runs what is missing")})
+        try:
+            for finished in self.unwritten:
+                self._write(finished, rescue)
+            self._write_summaries(rescue, info, results)
+        except OSError as second:
+            if second.errno not in DISK_ERRNOS:
+                raise
+            info = info.model_copy(update={"results_error": (
+                f"{_disk_error(error)}: {what} could not be written to {self.store.path}, nor to {rescue.path} "
+                f"({second.strerror}); MLflow has what it logged, the console what it printed")})
         return info
+
+
+def default_rescue_root() -> Path:
+    """Where a full results disk's cells go: REGRESS_RESCUE_DIR, else `<tmp>/regress-rescue`."""
+    return Path(os.environ.get("REGRESS_RESCUE_DIR") or Path(tempfile.gettempdir()) / "regress-rescue")
+
+
+def _disk_error(error: OSError) -> str:
+    return error.strerror or str(error)
 
 
 class MlflowSink:
@@ -136,6 +214,9 @@ class ConsoleSink:
     def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
         if not self.quiet:
             print_summary(self.console, info, results, str(self.results_path))
+        elif info.results_error:  # the one line a quiet run still owes: why it exits 3
+            self.console.print(f"[bold red]error[/]: results not all written: {escape(info.results_error)}",
+                               soft_wrap=True)
         return info
 
 

@@ -263,6 +263,8 @@ def _close(inputs: RunInputs, info: RunInfo, gating: Gating, sinks: Sinks, inter
     info = closed_run_info(info, results, exit_code, interrupted=interrupted,
                            attribution=str(explanation) if explanation else None)
     info = sinks.close(info, results)
+    if info.results_error and not interrupted:  # verdicts stand, but the run's record is not where it belongs
+        exit_code = ExitCode.UNDECIDED
     if interrupted and not quiet:
         console.print(f"[yellow]interrupted[/]: finish with `regress run {inputs.loaded.path} --resume {info.run_id}`")
     answers = {cell_id: outcome for cell_id in cells if (outcome := gating.answers(cell_id)) is not None}

@@ -70,3 +70,40 @@ def test_the_folder_sink_writes_questions_log_and_line_and_records_the_log_path(
     assert written.log_path == str(tmp_path / "t-1" / "logs" / "c.log")
     assert Path(written.log_path).read_text() == "server log\n"
     assert store.cells() == [written] and (tmp_path / "t-1" / "questions" / "c.jsonl").exists()
+
+
+def test_when_neither_disk_takes_the_cells_run_json_says_so_and_the_error_is_no_traceback(tmp_path, monkeypatch):
+    """Results folder and rescue folder both full: the sink returns the run with `results_error` naming
+    both, and raises nothing (the run still prints its verdicts, then exits 3)."""
+    import errno
+
+    from harness.results import store as store_module
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    store = ResultsStore(tmp_path / "results", "t-1")
+    sink = FolderSink(store, rescue_root=tmp_path / "rescue")
+    sink.open(records.run_info("t-1"), {})
+    monkeypatch.setattr(store_module, "atomic_write", full)
+    result = records.result("c", Status.PASS, reason="ok")
+    assert sink.cell(FinishedCell(result, [], {}, "")) == result and len(sink.unwritten) == 1
+    info = sink.close(records.run_info("t-1"), [result])
+    assert "nor to" in info.results_error and str(tmp_path / "rescue" / "t-1") in info.results_error
+    assert store.cells() == []
+
+
+def test_an_oserror_that_is_not_the_disk_is_a_bug_and_propagates(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    from harness.results import store as store_module
+
+    def denied(path, text):
+        raise OSError(errno.EACCES, "Permission denied", str(path))
+
+    sink = FolderSink(ResultsStore(tmp_path, "t-1"), rescue_root=tmp_path / "rescue")
+    monkeypatch.setattr(store_module, "atomic_write", denied)
+    with pytest.raises(PermissionError):
+        sink.cell(FinishedCell(records.result("c", Status.PASS, reason="ok"), [], {}, ""))
