@@ -7,7 +7,13 @@ serving while the evaluation ran. For each client
 share of capacity, the harness's CPU time per request, then the time from `regress eval` starting to
 its first request and that process's peak memory.
 
-    .venv/bin/python benchmarks/evaluator_throughput.py [--questions 640]
+Then, side by side against the same server (fixed 200 ms, 64 in flight), two processes ask the same
+questions: a lean aiohttp client (`LEAN_CLIENT`: post each prompt, read the JSON, nothing else) and
+`regress eval` as a user runs it, tracking on (an existing SQLite store, as every night after the
+first) or off. Each is one process from exec to exit: wall time, CPU (user + system, from wait4)
+and peak RSS, and the server's utilisation between its first and last request of that process.
+
+    .venv/bin/python benchmarks/evaluator_throughput.py [--questions 640] [--side-by-side 1319]
     .venv/bin/python benchmarks/evaluator_throughput.py --quick    # what the test suite runs
 """
 
@@ -18,6 +24,7 @@ import asyncio
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +37,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.benchmark.evaluator import EvalSettings, Progress, evaluate  # noqa: E402
+from harness.benchmark.evaluator import EvalSettings, Progress, evaluate, request_body  # noqa: E402
 from harness.benchmark.gsm8k.dataset import load_gsm8k  # noqa: E402
 from harness.benchmark.gsm8k.protocol import build_plan  # noqa: E402
 from harness.engine.server import ServerProcess  # noqa: E402
@@ -50,8 +57,8 @@ def capacity_world(folder: Path, name: str) -> Path:
     return path
 
 
-def sim_stats(base_url: str) -> dict:
-    with urllib.request.urlopen(base_url + "/sim/stats") as response:
+def sim_stats(base_url: str, since: float = 0.0) -> dict:
+    with urllib.request.urlopen(f"{base_url}/sim/stats?since={since}") as response:
         return json.loads(response.read())
 
 
@@ -82,11 +89,13 @@ async def measure(base_url: str, plan, settings: EvalSettings) -> tuple[float, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=640)
+    parser.add_argument("--side-by-side", type=int, default=1319,
+                        help="questions for the lean-client comparison (default: the whole test split)")
     parser.add_argument("--quick", action="store_true",
                         help="64 questions, one service time, the aiohttp client at 64 in flight: that it runs")
     args = parser.parse_args()
     if args.quick:
-        args.questions = 64
+        args.questions, args.side_by_side = 64, 64
     data = load_gsm8k()
     # 640 distinct prompts: the test split twice would repeat, so use the train split's questions as well.
     plan = build_plan(data, "clean", min(args.questions, len(data.test)), 0)
@@ -111,6 +120,80 @@ def main() -> None:
 
             asyncio.run(run_all())
         first_request(Path(folder), spec)
+        spec = sim_spec(make_cell({"attention_backend": "triton"}), capacity_world(Path(folder), "fixed 200 ms"))
+        side = build_plan(data, "clean", min(args.side_by_side, len(data.test)), 0)
+        for tracking in (True, False):
+            side_by_side(Path(folder), spec, side, tracking)
+
+
+# What a client that does nothing else costs: the floor `regress eval` is compared with.
+LEAN_CLIENT = """
+import asyncio, json, sys, aiohttp
+async def main(url, path, in_flight):
+    bodies = json.load(open(path))
+    gate = asyncio.Semaphore(in_flight)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        async def ask(body):
+            async with gate, session.post(url + "/v1/completions", json=body) as response:
+                return (await response.json())["choices"][0]["text"]
+        answers = await asyncio.gather(*(ask(body) for body in bodies))
+    print(len(answers))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+def _measured(command: list[str], base_url: str) -> dict:
+    """Run `command` to its end: wall s, CPU s, peak RSS MiB, and the server's utilisation while it asked."""
+    before = sim_stats(base_url)
+    started = time.time()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.time() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    after = sim_stats(base_url, since=started)
+    # From this process's first request to the last answer: start-up and post-processing are not the
+    # server's to fill; how long they take is the wall time.
+    window = after["last_served_at"] - after["first_request_since"]
+    busy = after["busy_slot_s"] - before["busy_slot_s"]
+    return {"exit": process.returncode, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "rss_mib": usage.ru_maxrss / 1024, "utilisation": busy / (SLOTS * window) if window > 0 else 0.0,
+            "stderr": stderr[-500:]}
+
+
+def side_by_side(folder: Path, spec, plan, tracking: bool) -> None:
+    """The lean client and `regress eval` on the same questions, one after the other, same server."""
+    bodies = [request_body(plan, prompt, "default")[1] for prompt in plan.prompts]
+    (folder / "bodies.json").write_text(json.dumps(bodies))
+    regress = str(Path(sys.executable).parent / "regress")
+    store = f"sqlite:///{folder / 'side-by-side.db'}"
+
+    async def serve() -> tuple[dict, dict]:
+        async with ServerProcess(spec, folder / "server3.log") as server:
+            eval_command = [regress, "eval", "--base-url", server.base_url, "--num-questions", str(len(plan.prompts)),
+                            "--concurrency", str(SLOTS), "--floor", "0.5", "--results-dir", str(folder / "results"),
+                            *(["--tracking-uri", store] if tracking else ["--no-tracking"])]
+            loop = asyncio.get_running_loop()
+            # The store exists, as on every night after the first (its schema is created once).
+            await loop.run_in_executor(None, _measured, [*eval_command[:4], "--num-questions", "8",
+                                                          *eval_command[6:]], server.base_url)
+            lean = await loop.run_in_executor(None, _measured, [sys.executable, "-c", LEAN_CLIENT, server.base_url,
+                                                                str(folder / "bodies.json"), str(SLOTS)],
+                                              server.base_url)
+            ours = await loop.run_in_executor(None, _measured, eval_command, server.base_url)
+            return lean, ours
+
+    lean, ours = asyncio.run(serve())
+    if ours["exit"] not in (0, 1):
+        print(f"regress eval exited {ours['exit']}: {ours['stderr']}")
+    print(f"{len(plan.prompts)} questions, {SLOTS} in flight, tracking {'on (SQLite)' if tracking else 'off'}:")
+    print(f"  {'':<14} {'wall s':>7} {'CPU s':>7} {'peak RSS MiB':>13} {'utilisation':>12}")
+    for name, figures in (("lean aiohttp", lean), ("regress eval", ours)):
+        print(f"  {name:<14} {figures['wall_s']:>7.2f} {figures['cpu_s']:>7.2f} {figures['rss_mib']:>13.0f} "
+              f"{figures['utilisation']:>12.3f}")
+    print(f"  regress eval / lean: wall {ours['wall_s'] / lean['wall_s']:.2f} x, CPU {ours['cpu_s'] / lean['cpu_s']:.2f} x, "
+          f"peak RSS {ours['rss_mib'] / lean['rss_mib']:.2f} x, utilisation "
+          f"{ours['utilisation'] / lean['utilisation']:.3f} x", flush=True)
 
 
 def first_request(folder: Path, spec) -> None:

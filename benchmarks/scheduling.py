@@ -11,10 +11,16 @@ before the run and, as an oracle, on the durations as they turned out.
 
     .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0] [--failed-first] [--keep FOLDER]
     .venv/bin/python benchmarks/scheduling.py --quick    # what the test suite runs: 2 models, 0.1 s a minute
+    .venv/bin/python benchmarks/scheduling.py --matrix-seed 7 --nodes 3   # a matrix the scheduler was not tuned on
 
 The models are hybrid-linear (Kimi-Linear's kind): their servers run the HybridLinearAttnBackend
 wrapper the incident's bug lives in, so the unified-memory, radix-on, MLA-backend cells are incident
 cells and early stop plays.
+
+`--matrix-seed N` draws another matrix from that seed instead, one the scheduler was not tuned on:
+8-9 models of tp 1-8 (any width, not only powers of two), a 1-10 minute load and a 0.2-1.5 minute
+request wave each, about half of them hybrid-linear (incident cells) and the rest MLA models the
+bug does not reach; `--nodes` sets how many 8-GPU nodes.
 """
 
 from __future__ import annotations
@@ -48,18 +54,32 @@ GPUS_PER_NODE, NODES = 8, 2
 QUESTIONS = 320
 
 
-def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False, tps: list[int] = TPS) -> Path:
+def generated_matrix(seed: int) -> list[tuple[int, str, tuple[float, float], tuple[float, float]]]:
+    """(tp, kind, load minutes range, wave minutes range) per model of a matrix drawn from `seed`."""
+    rng = random.Random(seed)
+    models = []
+    for _ in range(rng.randint(8, 9)):
+        load = round(rng.uniform(1, 10), 2)
+        wave = round(rng.uniform(0.2, 1.5), 2)
+        models.append((rng.randint(1, 8), rng.choice(["hybrid-linear", "mla"]), (load, load), (wave, wave)))
+    return models
+
+
+def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False, tps: list[int] = TPS,
+          matrix_seed: int | None = None) -> tuple[Path, list[int]]:
     rng = random.Random(0)
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
     world["models"] = {}
     models = []
-    for number, tp in enumerate(tps):
+    # Real nodes: a 2-8 minute model load, a 3-12 minute evaluation (1,319 questions, 128 in flight:
+    # about 10 waves, the first 20 answers within the first). Scaled to seconds.
+    drawn = generated_matrix(matrix_seed) if matrix_seed is not None else [
+        (tp, "hybrid-linear", (2, 8), (0.3, 1.2)) for tp in tps]
+    for number, (tp, kind, load, wave) in enumerate(drawn):
         path = f"example/model-{number}-tp{tp}"
-        # Real nodes: a 2-8 minute model load, a 3-12 minute evaluation (1,319 questions, 128 in
-        # flight: about 10 waves, the first 20 answers within the first). Scaled to seconds.
-        world["models"][path] = {"accuracy": 0.9, "kind": "hybrid-linear",
-                                 "startup_s": round(rng.uniform(2, 8) * seconds_per_minute, 2),
-                                 "base_s": round(rng.uniform(0.3, 1.2) * seconds_per_minute, 2)}
+        world["models"][path] = {"accuracy": 0.9, "kind": kind,
+                                 "startup_s": round(rng.uniform(*load) * seconds_per_minute, 2),
+                                 "base_s": round(rng.uniform(*wave) * seconds_per_minute, 2)}
         models.append({"id": f"m{number}-tp{tp}", "path": path, "tp": tp, "floor": 0.8})
     (folder / "world.yaml").write_text(yaml.safe_dump(world))
     suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": QUESTIONS,
@@ -68,7 +88,7 @@ def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False, t
                       "radix_cache": ["on"]}, "gate": {"min_effect": 0.3},
              "cluster": {"failed_first": failed_first}}  # off as in configs/nightly.yaml, on for PRs
     (folder / "sched.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
-    return folder / "sched.yaml"
+    return folder / "sched.yaml", [tp for tp, *_ in drawn]
 
 
 def static_partition_makespan(cells: list[dict], planned: dict[str, float]) -> float:
@@ -187,7 +207,12 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the suite, world and results here instead of a temporary folder")
     parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4), 0.1 s per real minute")
+    parser.add_argument("--matrix-seed", type=int, default=None,
+                        help="draw a matrix the scheduler was not tuned on from this seed (see the docstring)")
+    parser.add_argument("--nodes", type=int, default=NODES, help=f"8-GPU nodes (default {NODES})")
     arguments = parser.parse_args()
+    global NODES
+    NODES = arguments.nodes
     scale = 0.1 if arguments.quick else arguments.seconds_per_minute
     tps = [1, 4] if arguments.quick else TPS
     os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
@@ -195,7 +220,8 @@ def main() -> None:
     if arguments.keep is not None:
         arguments.keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() if arguments.keep is None else contextlib.nullcontext(arguments.keep) as folder:
-        suite = setup(Path(folder), scale, arguments.failed_first, tps)
+        suite, tps = setup(Path(folder), scale, arguments.failed_first, tps, arguments.matrix_seed)
+        print(f"models (tp): {tps} on {NODES} nodes x {GPUS_PER_NODE} GPUs")
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
         for _ in range(NODES):
             cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)

@@ -13,6 +13,7 @@ from harness.run.scheduling.forecast import Forecast, forecast, improve
 from harness.run.scheduling.inventory import SLOT_PATIENCE_S
 from harness.run.scheduling.placement import (
     Packer,
+    longest_first,
     pick_gpus,
     priority_class,
     priority_order,
@@ -224,3 +225,33 @@ def test_the_plan_never_moves_a_cell_ahead_of_its_reference():
     assert forecast(packer, shorter_first, now=0) < forecast(packer, start, now=0)
     planned, _ = improve(packer, [start], now=0, priority_class=lambda c: priority_class(c, set()), tries=100)
     assert planned[0].cell_id == "one.ab-triton"
+
+
+def test_longest_first_starts_long_narrow_cells_first_and_keeps_references_ahead():
+    durations = Durations([history("one.ab-triton", "one", 60), history("one.ab-fa3", "one", 60),
+                           history("eight.ab-triton", "eight", 10), history("eight.ab-fa3", "eight", 10)])
+    queue = [CELLS["eight.ab-triton"], CELLS["eight.ab-fa3"], CELLS["one.ab-triton"], CELLS["one.ab-fa3"]]
+    order = [c.cell_id for c in longest_first(queue, durations, first=set())]
+    assert order == ["one.ab-triton", "one.ab-fa3", "eight.ab-triton", "eight.ab-fa3"]
+    # A reference shorter than its cells still leads them; recent failures still come first.
+    durations.learn(CELLS["one.ab-triton"], 5, stopped_early=False)
+    order = [c.cell_id for c in longest_first(queue, durations, first={"eight.ab-fa3", "eight.ab-triton"})]
+    assert order == ["eight.ab-triton", "eight.ab-fa3", "one.ab-triton", "one.ab-fa3"]
+
+
+def test_planning_keeps_the_longest_first_start_when_the_width_phases_leave_a_long_narrow_cell_last():
+    # One 8-GPU node: two tp-4 cells (30 s, 10 s) and a tp-2 cell of 60 s. Width phases run both tp-4
+    # cells at once and start the tp-2 cell when the short one ends (10 + 60 = 70 s); longest first
+    # starts it at once beside the 30 s cell, and the 10 s cell after that (60 s).
+    matrix = cells([{"id": "two", "path": "a/two", "tp": 2}, {"id": "four", "path": "a/four", "tp": 4},
+                    {"id": "quad", "path": "a/quad", "tp": 4}], backends=("triton",))
+    seconds = {"two": 60, "four": 30, "quad": 10}
+    durations = Durations([history(cell_id, cell.model.id, seconds[cell.model.id]) for cell_id, cell in matrix.items()])
+    packer = Packer(durations)
+    node(packer, "a", 8)
+    widest = priority_order(list(matrix.values()), durations, set())
+    longest = longest_first(list(matrix.values()), durations, set())
+    assert (forecast(packer, widest, now=0).end, forecast(packer, longest, now=0).end) == (70, 60)
+    planned, expected = improve(packer, [widest, longest], now=0, priority_class=lambda c: priority_class(c, set()),
+                                tries=0)
+    assert expected.end == 60 and planned == longest

@@ -17,7 +17,8 @@ What it does, per sglang release:
   CUDA-only native modules sglang imports but never calls here (triton, sgl_kernel, torchvision).
 
 Each cell is checked in a process forked after the import (~10 s once, ~0.1 s per cell), so
-resolution hooks that change process state cannot leak from one cell into the next.
+resolution hooks that change process state cannot leak from one cell into the next; a pool keeps one
+such process per core busy, starting the next cell as each ends.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ import json
 import multiprocessing
 import os
 import sys
+import time
 import types
+from multiprocessing import connection
 from pathlib import Path
 
 from harness.engine.stand_ins import CHECK_STAND_INS, install
 
+CELL_TIMEOUT_S = 300.0  # one cell's parse and resolution: ~0.5 s of CPU; minutes only if something hangs
 GPUS = {"H200": ((9, 0), 143), "H100": ((9, 0), 80), "B200": ((10, 0), 180), "A100": ((8, 0), 80)}
 
 
@@ -157,21 +161,38 @@ def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int, field
         version = getattr(sys.modules["sglang"], "__version__", None)
 
     context = multiprocessing.get_context("fork")
-    results = []
-    width = max(1, os.cpu_count() or 1)
-    for start in range(0, len(cells), width):  # as many checks at once as there are cores
-        batch = []
-        for cell in cells[start:start + width]:
+    results: list[dict | None] = [None] * len(cells)
+    width = max(1, os.cpu_count() or 1)  # as many checks at once as there are cores, a new one as each ends
+    waiting = list(enumerate(cells))
+    running: dict[object, tuple[int, object, float]] = {}  # the child's pipe -> (cell index, child, start)
+    while waiting or running:
+        while waiting and len(running) < width:
+            index, cell = waiting.pop(0)
             receive, send = context.Pipe(duplex=False)
             child = context.Process(target=_in_child, args=(_server_flags(cell["argv"], models_dir), fields, send))
             child.start()
-            batch.append((cell, receive, child))
-        for cell, receive, child in batch:
-            result = receive.recv() if receive.poll(300) else {"refused": None, "stage": "harness",
-                                                                "problem": "the check took over 300 s"}
+            send.close()  # the child's end only: a child that dies unheard reads as EOF, not a 300 s wait
+            running[receive] = (index, child, time.monotonic())
+        ready = set(connection.wait(list(running), timeout=1.0))
+        for receive, (index, child, started) in list(running.items()):
+            if receive in ready:
+                try:
+                    result = receive.recv()
+                except EOFError:
+                    child.join(5)
+                    result = {"refused": None, "stage": "harness",
+                              "problem": f"the check's process ended without an answer (exit {child.exitcode})"}
+            elif time.monotonic() - started > CELL_TIMEOUT_S:
+                child.kill()
+                result = {"refused": None, "stage": "harness", "problem": f"the check took over {CELL_TIMEOUT_S:.0f} s"}
+            else:
+                continue
             child.join(5)
-            results.append({"cell_id": cell["cell_id"], "sglang_version": version, "stand_ins": stand_ins, **result})
-    return results
+            receive.close()
+            del running[receive]
+            results[index] = {"cell_id": cells[index]["cell_id"], "sglang_version": version, "stand_ins": stand_ins,
+                              **result}
+    return [result for result in results if result is not None]
 
 
 def main() -> int:

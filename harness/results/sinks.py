@@ -52,6 +52,14 @@ class Sinks:
     def __init__(self, sinks: list[Sink]) -> None:
         self.sinks = list(sinks)
 
+    def prepare(self, info: RunInfo) -> None:
+        """Work a sink may do before the run's results exist (import a client, connect to a store);
+        optional (`prepare(info)` on the sink), and safe to run in a thread beside the evaluation."""
+        for sink in self.sinks:
+            prepare = getattr(sink, "prepare", None)
+            if prepare is not None:
+                prepare(info)
+
     def open(self, info: RunInfo, params: dict[str, Any] | None = None) -> RunInfo:
         for sink in self.sinks:
             info = sink.open(info, params or {})
@@ -175,6 +183,9 @@ class MlflowSink:
     def __init__(self, tracking_uri: str) -> None:
         self.tracking_uri = tracking_uri
         self.tracker = Tracker(tracking_uri)
+
+    def prepare(self, info: RunInfo) -> None:
+        self.tracker.connect(info.suite)  # MLflow's import and the store's opening: seconds of CPU
 
     def open(self, info: RunInfo, params: dict[str, Any]) -> RunInfo:
         parent = self.tracker.start(info, params)

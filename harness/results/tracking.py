@@ -197,9 +197,15 @@ class Tracker:
                     self._client.set_terminated(run.info.run_id, "KILLED")
         return children
 
+    def connect(self, experiment: str) -> None:
+        """Import MLflow, open the store and find (or create) the suite's experiment, once: `start`
+        does it when nobody did it before (`regress eval` does it while the questions run)."""
+        if self._client is None:
+            self._call("connecting to MLflow", self._connect, experiment)
+
     def start(self, info: RunInfo, params: dict[str, Any]) -> str | None:
         """The parent run of `info.run_id`: found again if it exists (a resume or a sync), else created."""
-        self._call("connecting to MLflow", self._connect, info.suite)
+        self.connect(info.suite)
         existing = self._call("looking up the parent run", lambda: self._existing_parent(info.run_id))
         if existing is not None:
             self.parent_run_id = existing.info.run_id

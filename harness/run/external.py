@@ -10,6 +10,7 @@ is `inconclusive` ("no test made"), never `pass`.
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from harness.gate.budget import Budget
 from harness.gate.verdict import Stage, judge
 from harness.records import CellOutcome, RunInfo, ServerInfo, Status, Timings, Verdict, run_exit_code
 from harness.results.provenance import closed_run_info, new_run_info
-from harness.results.sinks import FinishedCell, standard_sinks
+from harness.results.sinks import FinishedCell, Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
 from harness.run.gating import cell_result
 from harness.suite.config import GateSpec
@@ -98,7 +99,6 @@ async def _measure(request: EvalRequest, plan: ProtocolPlan, settings: EvalSetti
                    console: Console) -> tuple[CellOutcome, str]:
     """The server's answers, and the model name the requests used."""
     base_url = request.base_url.rstrip("/")
-    await reachable(base_url)
     try:
         info = await read_server_info(base_url) or {}
     except ServerError:
@@ -144,13 +144,18 @@ def run_eval(request: EvalRequest, data: Gsm8k, plan: ProtocolPlan, settings: Ev
     run_id = new_run_id(request.name)
     info = new_run_info(run_id=run_id, suite=request.name, config_path=request.base_url, config_sha256="",
                         trigger="manual", engine="external", plan=plan, extraction=gate.extraction)
-    outcome, model = asyncio.run(_measure(request, plan, settings, console))
-    return _write(request, info, outcome, model, _verdict(outcome, plan, request.floor, gate), console)
-
-
-def _write(request: EvalRequest, info: RunInfo, outcome: CellOutcome, model: str, verdict: Verdict,
-           console: Console) -> int:
+    asyncio.run(reachable(request.base_url.rstrip("/")))  # before anything is written or opened
     sinks = standard_sinks(ResultsStore(request.results_dir, info.run_id), request.tracking_uri, console)
+    # MLflow's import and the store's opening overlap the questions instead of following the last answer.
+    preparing = threading.Thread(target=sinks.prepare, args=(info,), name="regress-sinks-prepare", daemon=True)
+    preparing.start()
+    outcome, model = asyncio.run(_measure(request, plan, settings, console))
+    preparing.join()
+    return _write(request, sinks, info, outcome, model, _verdict(outcome, plan, request.floor, gate))
+
+
+def _write(request: EvalRequest, sinks: Sinks, info: RunInfo, outcome: CellOutcome, model: str,
+           verdict: Verdict) -> int:
     info = sinks.open(info, {"base_url": request.base_url, "model": model})
     result = sinks.cell(FinishedCell(
         cell_result(outcome, verdict, cell_id=request.name, model=model, factors={}, reference_cell=None,

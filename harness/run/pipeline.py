@@ -40,7 +40,7 @@ from harness.run.gating import Gating
 from harness.run.history import AUTO_PIN, History
 from harness.run.ray.scheduler import Interrupted, Scheduler
 from harness.run.scheduling.durations import Durations
-from harness.run.scheduling.placement import priority_class, priority_order
+from harness.run.scheduling.placement import longest_first, priority_class, priority_order
 from harness.run.signals import StopRequest, stop_on_signals
 from harness.suite.matrix import Cell
 
@@ -193,7 +193,8 @@ class _Schedule:
         self.jobs = CellJobs(inputs, judged=gating.judged, vouching=gating.vouching_answers)
         self.scheduler = Scheduler(suite.cluster, self.durations, self.order, lambda cell: priority_class(cell, first),
                                    self.jobs, console, options.quiet, stopping=lambda: stop.requested,
-                                   measured=self.jobs.notice)
+                                   measured=self.jobs.notice,
+                                   other_starts=lambda cells: [longest_first(cells, self.durations, first)])
 
     def run(self, cells: list[Cell], plan: ProtocolPlan | None = None, on_outcome: Any = None,
             label: str | None = None) -> None:

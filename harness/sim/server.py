@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import json
 import os
@@ -33,6 +34,8 @@ class SimState:
     prefixes: set[str] = field(default_factory=set)
     requests: int = 0
     first_request_at: float | None = None
+    request_times: list[float] = field(default_factory=list)  # when each request arrived (benchmarks' windows)
+    last_served_at: float | None = None  # when a slot was last given back
     busy_slot_s: float = 0.0  # slot-seconds spent serving: utilisation = busy / (slots x wall time)
     serving: dict[int, float] = field(default_factory=dict)  # request number -> when it got its slot
     slots: asyncio.Semaphore | None = None
@@ -155,6 +158,7 @@ async def _serve(state: SimState, number: int, prefill_tokens: int, completion_t
         if delay > 0:
             await asyncio.sleep(delay)
         state.busy_slot_s += time.perf_counter() - acquired
+        state.last_served_at = time.time()
         del state.serving[number]
 
 
@@ -220,14 +224,20 @@ class SimRoutes:
         self.state.requests += 1
         if self.state.first_request_at is None:
             self.state.first_request_at = time.time()
+        self.state.request_times.append(time.time())
         return self.state.requests, await _faults_before_answer(self.state, self.state.requests)
 
-    async def stats(self, _: web.Request) -> web.Response:
-        """Not an sglang route: what benchmarks read (requests served, when the first arrived)."""
+    async def stats(self, request: web.Request) -> web.Response:
+        """Not an sglang route: what benchmarks read (requests served, when the first arrived; with
+        `?since=T`, when the first request at or after wall time T arrived)."""
         now = time.perf_counter()
         state = self.state
         busy_s = state.busy_slot_s + sum(now - t for t in state.serving.values())
+        since = float(request.query.get("since", 0.0))
+        after = bisect.bisect_left(state.request_times, since)
         return web.json_response({"requests": state.requests, "first_request_at": state.first_request_at,
+                                  "first_request_since": state.request_times[after] if after < len(state.request_times)
+                                  else None, "last_served_at": state.last_served_at,
                                   "slots": state.world.latency.slots, "busy_slot_s": busy_s, "at": now})
 
     async def health(self, _: web.Request) -> web.Response:

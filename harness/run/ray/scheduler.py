@@ -74,10 +74,12 @@ class Scheduler:
     def __init__(self, cluster: ClusterSpec, durations: Durations, order: Callable[[list[Cell]], list[Cell]],
                  priority_class: Callable[[Cell], Hashable], job: Callable[[Cell, tuple[str, ...]], CellJob],
                  console: Console, quiet: bool, stopping: Callable[[], bool],
-                 measured: Callable[[Cell, CellOutcome], None] | None = None) -> None:
+                 measured: Callable[[Cell, CellOutcome], None] | None = None,
+                 other_starts: Callable[[list[Cell]], list[list[Cell]]] = lambda cells: []) -> None:
         self.cluster = cluster
         self.durations = durations
         self.order = order
+        self.other_starts = other_starts  # more orders planning starts from (placement.longest_first)
         self.priority_class = priority_class
         self.job = job
         self.console = console
@@ -174,9 +176,12 @@ class Scheduler:
 
     def _plan(self, packer: Packer, queue: list[Cell], tries: int, budget_s: float, share: float,
               seed: int) -> list[Cell]:
-        """The current order or the priority order, whichever the forecast ends sooner, improved."""
-        ordered = self.order(queue)
-        starts = [ordered] if ordered == queue else [queue, ordered]
+        """The current order, the priority order or another start, whichever the forecast ends
+        sooner, improved."""
+        starts: list[list[Cell]] = []
+        for start in [queue, self.order(queue), *self.other_starts(queue)]:
+            if start not in starts:
+                starts.append(start)
         typical = self.durations.typical()
         budget_s = min(budget_s, share * typical) if typical is not None else budget_s
         best, expected = improve(packer, starts, time.time(), self.priority_class, tries, seed, budget_s)

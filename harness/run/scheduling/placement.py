@@ -66,6 +66,28 @@ def priority_order(cells: list[Cell], durations: Durations, first: set[str]) -> 
     return sorted(cells, key=key)
 
 
+def longest_first(cells: list[Cell], durations: Durations, first: set[str]) -> list[Cell]:
+    """Cells in `first` before the rest, then the longest expected first whatever their width, each
+    reference moved just ahead of the first cell compared with it. Another start for planning
+    (`forecast.improve` keeps whichever start ends soonest): on matrices whose longest cells are
+    narrow, the width phases of `priority_order` start them last, and the run ends on them alone."""
+    typical = durations.typical() or 1.0
+    ranked = sorted(cells, key=lambda cell: (priority_class(cell, first), -(durations.expect(cell) or typical),
+                                             cell.cell_id))
+    queued = {cell.cell_id: cell for cell in ranked}
+    order: list[Cell] = []
+    placed: set[str] = set()
+    for cell in ranked:
+        reference = queued.get(cell.reference_cell or "")
+        if reference is not None and reference.cell_id not in placed:
+            order.append(reference)
+            placed.add(reference.cell_id)
+        if cell.cell_id not in placed:
+            order.append(cell)
+            placed.add(cell.cell_id)
+    return order
+
+
 def priority_class(cell: Cell, first: set[str]) -> int:
     """The part of the priority order that planning keeps: 0 for the cells in `first`, 1 for the rest."""
     return 0 if cell.cell_id in first else 1
