@@ -16,9 +16,9 @@ What it does, per sglang release:
   config.json in a local folder (`--models-dir`, a folder per model path), and stand-ins for the
   CUDA-only native modules sglang imports but never calls here (triton, sgl_kernel, torchvision).
 
-Each cell is checked in a process forked after the import (~10 s once, ~0.1 s per cell), so
-resolution hooks that change process state cannot leak from one cell into the next; a pool keeps one
-such process per core busy, starting the next cell as each ends.
+Each cell is checked in a process forked after the import and one warm-up resolution (~10 s once,
+~0.1 s per cell), so resolution hooks that change process state cannot leak from one cell into the
+next; a pool keeps one such process per core busy, starting the next cell as each ends.
 """
 
 from __future__ import annotations
@@ -144,6 +144,22 @@ def _in_child(flags: list[str], fields: tuple[str, ...], pipe: object) -> None:
         pipe.send({"refused": None, "stage": "harness", "problem": f"{type(error).__name__}: {error}"[:500]})
 
 
+def _warm_up(flags: list[str], fields: tuple[str, ...]) -> None:
+    """One check in this process, its answer dropped, before any child is forked: sglang imports
+    ~1,300 modules (transformers' configs, its kernels' specs) at the first resolution, ~1.7 s of CPU,
+    and a child forked from a cold parent paid it for every cell (2.3 s a cell instead of ~0.1 s).
+    The environment variables the resolution sets are put back, so each child starts as before."""
+    environment = dict(os.environ)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            _check_one(flags, fields)
+    except BaseException:  # noqa: BLE001 - a warm-up that fails costs time, never a verdict
+        pass
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+
+
 def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int, fields: tuple[str, ...]) -> list[dict]:
     """Every cell's verdict from the installed sglang; see the module docstring."""
     from importlib import metadata
@@ -160,6 +176,8 @@ def check(cells: list[dict], models_dir: Path | None, gpu: str, gpus: int, field
     except metadata.PackageNotFoundError:
         version = getattr(sys.modules["sglang"], "__version__", None)
 
+    if cells:
+        _warm_up(_server_flags(cells[0]["argv"], models_dir), fields)
     context = multiprocessing.get_context("fork")
     results: list[dict | None] = [None] * len(cells)
     width = max(1, os.cpu_count() or 1)  # as many checks at once as there are cores, a new one as each ends

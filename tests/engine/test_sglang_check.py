@@ -10,7 +10,7 @@ import yaml
 
 from harness.engine.check import check_cells
 from harness.suite.config import load_suite
-from harness.suite.matrix import expand, select
+from harness.suite.matrix import Matrix, expand, select
 from tests.helpers import ROOT
 
 SGLANG_PYTHON = ROOT / ".sglang-0.5.23" / "bin" / "python"
@@ -23,26 +23,36 @@ def sglang_python() -> str:
     return str(SGLANG_PYTHON)
 
 
+@pytest.fixture(scope="module")
+def shipped_checks(sglang_python) -> dict:
+    """suite name -> (its cells, what the pinned sglang says of each): one check per shipped suite
+    (sglang's import, ~10 s, is paid once per check) for every test here that reads them."""
+    found = {}
+    for suite in ("nightly", "pr"):
+        loaded = load_suite(ROOT / "configs" / f"{suite}.yaml")
+        cells = list(expand(loaded.suite).cells)
+        found[suite] = (cells, {c.cell_id: c for c in check_cells(sglang_python, loaded, cells)})
+    return found
+
+
 @pytest.mark.parametrize("suite", ["nightly", "pr"])
-def test_every_shipped_sglang_suite_passes_the_real_sglang_check(sglang_python, suite):
-    loaded = load_suite(ROOT / "configs" / f"{suite}.yaml")
-    cells = list(expand(loaded.suite).cells)
-    checked = check_cells(sglang_python, loaded, cells)
-    assert {c.sglang_version for c in checked} == {"0.5.23"}
-    assert [c.cell_id for c in checked if c.refused] == []
-    assert all(c.stage == "check" for c in checked)  # argparse, the whole resolution and its checks
-    for cell in checked:  # what each cell asked for is what sglang resolves
-        asked = next(c for c in cells if c.cell_id == cell.cell_id).expected
-        assert {k: v for k, v in asked.items() if k in cell.predicted} == {
-            k: cell.predicted[k] for k in asked if k in cell.predicted}, cell.cell_id
+def test_every_shipped_sglang_suite_passes_the_real_sglang_check(shipped_checks, suite):
+    cells, checked = shipped_checks[suite]
+    assert sorted(checked) == sorted(c.cell_id for c in cells)
+    assert {c.sglang_version for c in checked.values()} == {"0.5.23"}
+    assert [c.cell_id for c in checked.values() if c.refused] == []
+    assert all(c.stage == "check" for c in checked.values())  # argparse, the whole resolution and its checks
+    for cell in cells:  # what each cell asked for is what sglang resolves
+        predicted = checked[cell.cell_id].predicted
+        assert {k: v for k, v in cell.expected.items() if k in predicted} == {
+            k: predicted[k] for k in cell.expected if k in predicted}, cell.cell_id
 
 
-def test_sglang_picks_fa3_for_kimi_linear_on_an_h200_when_no_backend_is_asked(sglang_python):
-    loaded = load_suite(ROOT / "configs" / "nightly.yaml")
-    matrix = select(expand(loaded.suite), "model=kimi-linear,attention_backend=default,chunked_prefill=default,"
-                                          "wrapper=none,unified_memory=off,radix_cache=on")
-    checked = {c.cell_id: c for c in check_cells(sglang_python, loaded, list(matrix.cells))}
-    default = next(c for c in matrix.cells if c.factors["attention_backend"] == "default")
+def test_sglang_picks_fa3_for_kimi_linear_on_an_h200_when_no_backend_is_asked(shipped_checks):
+    cells, checked = shipped_checks["nightly"]
+    chosen = select(Matrix(tuple(cells), ()), "model=kimi-linear,attention_backend=default,chunked_prefill=default,"
+                                              "wrapper=none,unified_memory=off,radix_cache=on")
+    default = next(c for c in chosen.cells if c.factors["attention_backend"] == "default")
     assert checked[default.cell_id].predicted["attention_backend"] == "fa3"
     assert checked[default.cell_id].predicted["mamba_radix_cache_strategy"] == "extra_buffer"
 
