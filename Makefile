@@ -15,6 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q uv
 	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[dev]' || $(VENV)/bin/pip install -q -e '.[dev]'
+	$(PY) -m compileall -q harness  # the editable install's own modules too (same reason)
 	touch $@
 
 demo: venv
