@@ -209,7 +209,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4), 0.1 s per real minute")
     parser.add_argument("--matrix-seed", type=int, default=None,
                         help="draw a matrix the scheduler was not tuned on from this seed (see the docstring)")
-    parser.add_argument("--nodes", type=int, default=NODES, help=f"8-GPU nodes (default {NODES})")
+    parser.add_argument("--nodes", type=int, default=2, help="8-GPU nodes (default 2)")
     arguments = parser.parse_args()
     global NODES
     NODES = arguments.nodes
