@@ -131,15 +131,15 @@ class FolderSink:
 
     def close(self, info: RunInfo, results: list[CellResult]) -> RunInfo:
         self._flush()
-        try:
-            if self.unwritten:
-                raise self.error or OSError("unwritten cells")
-            self._write_summaries(self.store, info, results)
-            return info
-        except OSError as error:
-            if error.errno not in DISK_ERRNOS:
-                raise
-            return self._rescue(info, results, error)
+        if not self.unwritten:
+            try:
+                self._write_summaries(self.store, info, results)
+                return info
+            except OSError as error:
+                if error.errno not in DISK_ERRNOS:
+                    raise
+                self.error = self.error or error
+        return self._rescue(info, results, self.error or OSError("the results folder refused a write"))
 
     def _write_summaries(self, store: ResultsStore, info: RunInfo, results: list[CellResult]) -> None:
         store.write_text("summary.md", summary_markdown(info, results))
@@ -150,11 +150,15 @@ class FolderSink:
         """The cells the results folder could not take, written as a run folder under rescue_root."""
         rescue = ResultsStore(self.rescue_root, self.store.run_id)
         kept = len(self.unwritten)
-        what = f"{kept} judged cell{'s' * (kept != 1)} (answers and logs)" if kept else "its run.json and summaries"
+        if kept:
+            what = f"{kept} judged cell{'s' * (kept != 1)} (answers and logs)"
+            merge = (f"append its cells.jsonl to the run's and copy questions/ and logs/ over, then "
+                     f"`regress run SUITE --resume {self.store.run_id}` runs what is missing")
+        else:
+            what, merge = "its run.json and summaries", "every cell is in the run's cells.jsonl"
         info = info.model_copy(update={"results_error": (
             f"{_disk_error(error)}: {what} could not be written to {self.store.path}; written instead to "
-            f"{rescue.path}: append its cells.jsonl to the run's and copy questions/ and logs/ over, then "
-            f"`regress run SUITE --resume {self.store.run_id}` runs what is missing")})
+            f"{rescue.path}: {merge}")})
         try:
             for finished in self.unwritten:
                 self._write(finished, rescue)
