@@ -122,7 +122,7 @@ def main() -> None:
         first_request(Path(folder), spec)
         spec = sim_spec(make_cell({"attention_backend": "triton"}), capacity_world(Path(folder), "fixed 200 ms"))
         side = build_plan(data, "clean", min(args.side_by_side, len(data.test)), 0)
-        for tracking in (True, False):
+        for tracking in (True,) if args.quick else (True, False):
             side_by_side(Path(folder), spec, side, tracking)
 
 
