@@ -19,8 +19,8 @@ Early stop (`DivergenceStop`): when the reference came back before a cell starts
 under its floor, not stopped early; once judged, only if it can vouch), the cell's slot gets the
 reference's teacher records and tests the first 20, 40, 80, ... comparable questions of
 the seeded order as they come back, at its share of the cell's early-stop alpha split over the looks
-(critical counts computed where scipy is loaded, so the worker compares integers), as the floor's
-looks do (harness.gate.sequential).
+(critical counts computed by the driver, so the worker compares integers), as the floor's looks do
+(harness.gate.sequential).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness.gate.sequential import InOrder, looks
+from harness.gate.stats import binomial_cdf
 from harness.records import QuestionRecord, TeacherForced
 
 TOP_QUANTILE = 0.95  # what a cell records of its questions' divergences, for `regress calibrate`
@@ -101,12 +102,12 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def beyond_p(beyond: int, n: int, healthy_share: float) -> float:
-    """One-sided exact binomial p-value for "more than `healthy_share` of questions are beyond"."""
+    """One-sided exact binomial p-value for "more than `healthy_share` of questions are beyond":
+    P(X >= beyond), X ~ Bin(n, healthy_share), as scipy's `binomtest(..., alternative="greater")`
+    (the tests compare them), i.e. P(n - X <= n - beyond) with n - X ~ Bin(n, 1 - healthy_share)."""
     if n == 0 or beyond == 0:
         return 1.0
-    from scipy.stats import binomtest
-
-    return float(binomtest(beyond, n, healthy_share, alternative="greater").pvalue)
+    return min(1.0, binomial_cdf(n - beyond, n, 1.0 - healthy_share))
 
 
 def divergence_test(cell: list[QuestionRecord], reference: list[QuestionRecord], tolerance: float,

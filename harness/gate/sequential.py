@@ -49,8 +49,8 @@ def stop_thresholds(floor: float, total: int, alpha: float) -> tuple[tuple[int, 
 
 @dataclass(frozen=True)
 class EarlyStop:
-    """The sequential test of one cell. Built where scipy is loaded (the driver), it carries its
-    critical counts, so checking it where the cell runs is a comparison of integers."""
+    """The sequential test of one cell. Built by the driver, it carries its critical counts, so
+    checking it where the cell runs is a comparison of integers."""
 
     floor: float
     total: int

@@ -1,10 +1,10 @@
-"""Statistics over per-question records: scipy's exact binomial tests, Wilson intervals, and the
-paired tests of "drop > margin" (McNemar's exact test; at a margin, the exact tail of Tango's score
-statistic summed over the counts' trinomial with scipy's binomial pmf), and a score upper bound of
-the paired drop.
+"""Statistics over per-question records: the exact binomial tail and the Wilson interval (written
+out), and the paired tests of "drop > margin" (McNemar's exact test; at a margin, the exact tail of
+Tango's score statistic summed over the counts' trinomial with scipy's binomial pmf), and a score
+upper bound of the paired drop.
 
-scipy is imported inside the functions: it costs ~1.3 s to import, and `regress eval` should send its
-first request well before a verdict is needed.
+scipy is imported inside the paired tests only: it costs ~1.5 s to import, and `regress eval` (one
+server, no reference, a floor) should not wait for it after its last answer.
 """
 
 from __future__ import annotations

@@ -24,3 +24,17 @@ def test_the_floor_test_is_scipys_exact_binomial_test(n):
 def test_the_floor_tests_edges():
     assert below_floor_p(0, 0, 0.9) == 1.0 and below_floor_p(3, 10, 0.0) == 1.0
     assert below_floor_p(10, 10, 1.0) == 1.0 and below_floor_p(9, 10, 1.0) == 0.0
+
+
+@pytest.mark.parametrize("n", [1, 20, 40, 200, 1319])
+def test_the_divergence_test_is_scipys_exact_binomial_test(n):
+    from harness.gate.divergence import beyond_p
+
+    for healthy, share in itertools.product((0.01, 0.1, 0.3), (0.0, 0.05, 0.1, 0.2, 0.9, 1.0)):
+        beyond = round(share * n)
+        ours = beyond_p(beyond, n, healthy)
+        theirs = float(binomtest(beyond, n, healthy, alternative="greater").pvalue) if beyond else 1.0
+        if theirs > 1e-290:
+            assert ours == pytest.approx(theirs, rel=1e-9), (beyond, n, healthy)
+        else:
+            assert ours <= 1e-290, (beyond, n, healthy)
