@@ -47,8 +47,8 @@ def below_floor_p(correct: int, n: int, floor: float) -> float:
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p), 0 < p < 1, exact up to rounding (terms added in log space,
-    largest first, so that tails of 1e-300 keep their digits)."""
+    """P(X <= k) for X ~ Binomial(n, p), 0 < p < 1, exact up to rounding: each term's logarithm, then
+    their sum scaled by the largest (so that tails down to 1e-300 keep their digits)."""
     if k < 0:
         return 0.0
     if k >= n:
