@@ -28,6 +28,15 @@ def _gsm8k_env() -> Path:
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _regress_cache(tmp_path_factory) -> Path:
+    """One cache for the session (the MLflow schema template every fresh SQLite store is copied
+    from), not the user's ~/.cache: built once by the first test that opens a store."""
+    folder = tmp_path_factory.mktemp("regress-cache")
+    os.environ["REGRESS_CACHE_DIR"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def gsm8k(_gsm8k_env: Path):
     from harness.benchmark.gsm8k.dataset import load_gsm8k

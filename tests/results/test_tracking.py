@@ -41,6 +41,7 @@ def test_a_child_left_running_is_adopted_not_doubled(tmp_path):
 def test_four_processes_opening_a_fresh_sqlite_store_at_once_all_get_a_working_store(tmp_path):
     """Two terminals, two CI shards, `make demo` twice: without the lock MLflow's schema migration
     raced and left the store half-migrated for good."""
+    import os
     import subprocess
     import sys
 
@@ -49,9 +50,31 @@ def test_four_processes_opening_a_fresh_sqlite_store_at_once_all_get_a_working_s
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     script = ("import sys; from harness.results.mlflow_layout import mlflow_client; "
               "client = mlflow_client(sys.argv[1]); client.create_experiment('e' + sys.argv[2]); print('ok')")
+    # A cache without the schema template: the four also race to build it (under its own lock).
+    env = {**os.environ, "REGRESS_CACHE_DIR": str(tmp_path / "cache")}
     processes = [subprocess.Popen([sys.executable, "-c", script, uri, str(n)], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for n in range(4)]
+                                  stderr=subprocess.PIPE, text=True, env=env) for n in range(4)]
     outputs = [p.communicate(timeout=machine_s(300)) for p in processes]
     assert all(p.returncode == 0 for p in processes), [err[-800:] for _, err in outputs]
     names = {e.name for e in MlflowClient(tracking_uri=uri).search_experiments()}
     assert {"e0", "e1", "e2", "e3"} <= names
+    assert [p.name for p in (tmp_path / "cache").glob("mlflow-*-empty.db")] and not list(tmp_path.glob("**/.*.tmp"))
+
+
+def test_a_fresh_store_is_a_copy_of_the_migrated_template_and_works_like_one_migrated_in_place(tmp_path, monkeypatch):
+    from harness.results.mlflow_layout import mlflow_client
+
+    monkeypatch.setenv("REGRESS_CACHE_DIR", str(tmp_path / "cache"))
+    first = mlflow_client(f"sqlite:///{tmp_path / 'a.db'}")  # builds the template, then copies it
+    (template,) = (tmp_path / "cache").glob("mlflow-*-empty.db")
+    second = mlflow_client(f"sqlite:///{tmp_path / 'b.db'}")  # a copy of it
+    assert (tmp_path / "b.db").stat().st_size == template.stat().st_size
+    for client in (first, second):
+        experiment = client.create_experiment("demo", artifact_location=(tmp_path / "art").as_uri())
+        run = client.create_run(experiment)
+        client.log_metric(run.info.run_id, "accuracy", 0.9)
+        assert client.get_run(run.info.run_id).data.metrics == {"accuracy": 0.9}
+    monkeypatch.setenv("REGRESS_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    (tmp_path / "a-file").write_text("")  # no cache can be made: MLflow migrates the store itself
+    third = mlflow_client(f"sqlite:///{tmp_path / 'c.db'}")
+    assert third.search_experiments(max_results=1) and (tmp_path / "c.db").exists()
