@@ -145,12 +145,14 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 def _measured(command: list[str], base_url: str) -> dict:
     """Run `command` to its end: wall s, CPU s, peak RSS MiB, and the server's utilisation while it asked."""
     before = sim_stats(base_url)
-    started = time.time()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.time() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    with tempfile.TemporaryFile() as errors:  # a file, not a pipe: nothing reads it until the process ends
+        started = time.time()
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, env=os.environ.copy())
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.time() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        errors.seek(0)
+        stderr = errors.read().decode(errors="replace")
     after = sim_stats(base_url, since=started)
     # From this process's first request to the last answer: start-up and post-processing are not the
     # server's to fill; how long they take is the wall time.
