@@ -133,7 +133,7 @@ def test_a_full_disk_mid_run_keeps_every_answer_says_where_and_exits_3(ray_local
     (rescue,) = (tmp_path / "rescue").glob("*")
     rescued = [CellResult.model_validate_json(text) for text in (rescue / "cells.jsonl").read_text().splitlines()]
     assert len(written) == 1 and len(rescued) == 3  # 4 backends: one before the disk filled, 3 after
-    assert {r.cell_id for r in written} | {r.cell_id for r in rescued} == {r.cell_id for r in written + rescued}
+    assert len({r.cell_id for r in written + rescued}) == 4  # each cell once, in one folder or the other
     for cell in rescued:
         assert (rescue / "questions" / f"{cell.cell_id}.jsonl").read_text().count("\n") == 20
     info = json.loads((rescue / "run.json").read_text())
