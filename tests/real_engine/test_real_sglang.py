@@ -150,8 +150,7 @@ def test_the_planted_incident_fails_exactly_the_radix_on_cells(ray_local, tiny_m
     `prefix_kv`): a request that hits the radix cache reads the wrong KV rows for its cached prefix;
     nothing raises. A random-weight model scores 0 on GSM8K on every cell, so accuracy cannot see it;
     the teacher-forced divergence from the radix-off reference fails both radix-on cells and passes the
-    radix-off one (chunked prefill 2048 is above these prompts' length: a configuration of its own
-    that takes the same path)."""
+    radix-off one (chunked prefill 2048: a configuration of its own that takes the same path)."""
     models = """  - id: tiny
     path: {model}
     floor: 0.0
@@ -177,7 +176,11 @@ def test_the_planted_incident_fails_exactly_the_radix_on_cells(ray_local, tiny_m
             assert "divergence vs reference: 6 of 6 questions beyond" in cell.reason
         elif cell_id != reference:
             assert cell.status is Status.PASS, cell.reason
-            assert cell.divergence_n == 6 and cell.divergence_share == 0.0, cell.reason
+            # No cache hit, but the plant also hits the second chunk of a chunked prefill (it extends the
+            # first chunk's KV rows), and chunked prefill's 2048 tokens are shared by the prompts of one
+            # batch: a ~1,320-token teacher request prefilled beside another prompt is split. Seen on 1
+            # of 6 questions (0.21 nats/token) in one run of two; within the healthy share, so it passes.
+            assert cell.divergence_n == 6 and cell.divergence_share <= 1 / 3, cell.reason
             assert all(t.cached_tokens == 0 for t in teacher)
     assert result.exit_code == 1, result.output
     assert sglang_processes(tiny_model) == []
