@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +36,25 @@ def _opened_once(open_client: Any, database: Path) -> Any:
     two processes doing it at once (two `regress eval`, `make demo` twice) race in Alembic and leave
     it half-migrated for good ("duplicate column name: step"). Under the lock the first migrates,
     the rest find it done. A store that does not exist yet starts as a copy of an empty one migrated
-    once per machine and MLflow version (`_schema_template`): the ~30 migrations cost ~3 s of CPU."""
+    once per machine and MLflow version (`_copy_template`): the ~30 migrations cost ~3 s of CPU."""
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(database):
+        if not database.exists():
+            _copy_template(database)
+        client = open_client()
+        client.search_experiments(max_results=1)
+        return client
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path`'s `.lock` file beside it, for as long as the block runs."""
     import fcntl
 
-    database.parent.mkdir(parents=True, exist_ok=True)
-    with open(database.with_name(database.name + ".lock"), "a") as lock:
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if not database.exists():
-                _copy_template(database)
-            client = open_client()
-            client.search_experiments(max_results=1)
-            return client
+            yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -63,7 +72,6 @@ def _copy_template(database: Path) -> None:
     failure leaves it absent, and MLflow then creates and migrates it as before. (MLflow's `Default`
     experiment in the copy keeps the artifact folder of wherever the template was built; the harness
     logs to one experiment per suite, whose artifacts it puts beside the database.)"""
-    import fcntl
     import shutil
 
     from mlflow.tracking import MlflowClient
@@ -73,8 +81,7 @@ def _copy_template(database: Path) -> None:
     try:
         if not template.exists():
             template.parent.mkdir(parents=True, exist_ok=True)
-            with open(template.with_name(template.name + ".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with _locked(template):
                 if not template.exists():  # another process may have built it while this one waited
                     building = template.with_name(f".{template.name}.{os.getpid()}.tmp")
                     MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments(max_results=1)
