@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import errno
 
-from harness.records import ErrorKind, ExitCode
+from harness.codes import ErrorKind, ExitCode
 
 __all__ = ["ErrorKind", "ExitCode", "RegressError", "ConfigError", "DatasetError", "InfraError",
            "ServerError", "ClusterError", "ProbeError", "TrackingError", "DISK_ERRNOS"]

@@ -1,100 +1,25 @@
 """Typed records that cross module and process boundaries (docs/results-contract.md): the bottom
-layer of the harness, importing nothing of it (tests/test_layers.py checks).
+layer of the harness above `harness.codes`, importing nothing else of it (tests/test_layers.py checks).
 
 `RunInfo` (run.json) and `CellResult` (cells.jsonl) are the contract other tools read; their
 `SCHEMA_VERSION` moves when a field changes meaning or disappears (new optional fields do not).
-`ExitCode` is the one list of what commands and jobs exit with; `ErrorKind` why a cell is `error`.
+The codes the records carry (`Status`, `ErrorKind`, `ExitCode`) live in `harness.codes` and are named
+here too, for readers of the contract.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from enum import Enum, IntEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from harness.codes import ErrorKind as ErrorKind
+from harness.codes import ExitCode as ExitCode
+from harness.codes import Status as Status
+from harness.codes import run_exit_code as run_exit_code
+from harness.codes import status_counts as status_counts
+
 SCHEMA_VERSION = 2  # 1: before schema_version, error_kind and package_versions were recorded
-
-
-class ErrorKind(str, Enum):
-    """Why a cell could not be measured (never a score)."""
-
-    SERVER_EXITED = "server_exited"  # during startup: bad flag, import error, OOM
-    NOT_READY = "not_ready"  # startup_timeout_s passed
-    SERVER_INFO = "server_info"  # /server_info unreadable
-    CRASHED = "crashed"  # exited during evaluation
-    HUNG = "hung"  # no answers and a silent /health_generate
-    TRANSPORT = "transport"  # too many questions failed in transport
-    NO_ANSWERS = "no_answers"  # nothing was asked
-    LEFTOVER_PROCESSES = "leftover_processes"  # server processes survived the stop
-    WORKER_DIED = "worker_died"  # the Ray worker (or its node) died twice
-    WORKER_FAILED = "worker_failed"  # Ray raised for the cell's task
-    NO_NODE = "no_node"  # no node could hold the cell for cluster.wait_for_nodes_s
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class ExitCode(IntEnum):
-    """What `regress` commands and the CI job exit with; the one place these numbers are defined."""
-
-    GREEN = 0  # every cell passed or was skipped (assess: also UNDECIDED, naming the cells)
-    REGRESSIONS = 1  # some cell is `fail` or `mismatch`
-    CONFIG = 2  # bad usage or configuration: nothing was launched
-    UNDECIDED = 3  # no regression, but some cell is `error`/`inconclusive`, or the infrastructure failed
-    BROKEN = 4  # `regress assess`: too many cells (or a reference) could not be measured
-    INTERRUPTED = 130  # Ctrl-C or SIGTERM: `--resume` finishes the run
-
-    @property
-    def verdict(self) -> str:
-        """The word for it, as the MLflow parent run's `verdict` tag says it."""
-        return {0: "pass", 1: "regressions", 2: "config", 3: "undecided", 4: "broken", 130: "interrupted"}[self.value]
-
-    @classmethod
-    def word(cls, code: int | None) -> str:
-        """`verdict` of a recorded exit code; `unknown` for None or a number that is not one of these."""
-        try:
-            return cls(code).verdict if code is not None else "unknown"
-        except ValueError:
-            return "unknown"
-
-
-class Status(str, Enum):
-    """A cell's verdict; `run_exit_code` turns a run's verdicts into its exit code."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    MISMATCH = "mismatch"
-    ERROR = "error"
-    INCONCLUSIVE = "inconclusive"
-    SKIPPED = "skipped"
-
-    @property
-    def is_regression(self) -> bool:
-        """The server ran and answered wrongly, or ran another configuration than labelled."""
-        return self in (Status.FAIL, Status.MISMATCH)
-
-    @property
-    def is_undecided(self) -> bool:
-        return self in (Status.ERROR, Status.INCONCLUSIVE)
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def colour(self) -> str:
-        return {"pass": "green", "fail": "red", "mismatch": "magenta", "error": "yellow",
-                "inconclusive": "cyan", "skipped": "dim"}[self.value]
-
-
-def run_exit_code(statuses: list[Status]) -> ExitCode:
-    """GREEN all passed or skipped; REGRESSIONS any fail/mismatch; UNDECIDED otherwise some error/inconclusive."""
-    if any(status.is_regression for status in statuses):
-        return ExitCode.REGRESSIONS
-    if any(status.is_undecided for status in statuses):
-        return ExitCode.UNDECIDED
-    return ExitCode.GREEN
 
 
 class Record(BaseModel):
@@ -318,7 +243,3 @@ def latest_per_cell(results: list[CellResult]) -> dict[str, CellResult]:
     return {result.cell_id: result for result in results}
 
 
-def status_counts(results: list[CellResult]) -> dict[str, int]:
-    """Cells per verdict, in Status order, leaving out verdicts no cell has."""
-    tally = Counter(r.status.value for r in results)
-    return {status.value: tally[status.value] for status in Status if tally.get(status.value)}

@@ -17,7 +17,6 @@ from harness.cli.app import (
     load_matrix,
     writable_folder,
 )
-from harness.engine.check import MODELS_DIR
 from harness.errors import ConfigError, ExitCode
 
 
@@ -170,8 +169,9 @@ def check(
     selection: SelectOpt = None,
     python: Annotated[str | None, typer.Option(
         help="The interpreter whose sglang to ask (default: this one; `make sglang-env` builds .sglang-0.5.23).")] = None,
-    models_dir: Annotated[Path, typer.Option(help="Folders of <model path>/config.json for the resolution.")] =
-        MODELS_DIR,
+    models_dir: Annotated[Path | None, typer.Option(
+        help="Folders of <model path>/config.json for the resolution (default: configs/models of this checkout).",
+        show_default=False)] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU kind to describe to sglang (default: the suite's, else H200).")] = None,
 ) -> None:
     """Ask the installed sglang whether it would start each cell: its own argparse, then (sglang
@@ -185,11 +185,11 @@ def check(
 
     from rich.table import Table
 
-    from harness.engine.check import check_cells
+    from harness.engine.check import MODELS_DIR, check_cells
 
     loaded, matrix = load_matrix(suite, selection)
     started = time.monotonic()
-    checked = check_cells(python or sys.executable, loaded, list(matrix.cells), models_dir, gpu)
+    checked = check_cells(python or sys.executable, loaded, list(matrix.cells), models_dir or MODELS_DIR, gpu)
     table = Table(title=f"{loaded.suite.suite}: {len(checked)} cells against sglang "
                         f"{checked[0].sglang_version if checked else '?'}", header_style="bold")
     table.add_column("cell", no_wrap=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from harness.cli.app import ResultsDirOpt, TrackingOpt, app, console, err_console
-from harness.records import ExitCode
+from harness.codes import ExitCode
 
 if TYPE_CHECKING:
     from harness.results.archive import Archives

@@ -8,16 +8,20 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.codes import Status, status_counts
 from harness.engine.launch import planned_argv
-from harness.records import CellResult, RunInfo, Status, status_counts
 from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix
+
+if TYPE_CHECKING:
+    from harness.records import CellResult, RunInfo
 
 
 def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:

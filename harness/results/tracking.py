@@ -12,10 +12,13 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.records import CellResult, ExitCode, QuestionRecord, RunInfo
+from harness.codes import ExitCode
 from harness.results.mlflow_layout import EXTENSION_QUESTIONS_ARTIFACT, QUESTIONS_ARTIFACT, mlflow_client
+
+if TYPE_CHECKING:
+    from harness.records import CellResult, QuestionRecord, RunInfo
 
 
 def default_tracking_uri(results_dir: Path) -> str:
