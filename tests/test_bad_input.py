@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, machine_s
 
 DEMO = (ROOT / "configs" / "demo.yaml").read_text()
 
@@ -19,7 +19,7 @@ def regress(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     import tempfile
 
     ray_tmpdir = tempfile.mkdtemp(prefix="regress-ray-")
-    result = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=machine_s(120),
                             cwd=ROOT, env={**os.environ, "RAY_TMPDIR": ray_tmpdir, **(env or {})})
     result.ray_tmpdir = Path(ray_tmpdir)  # type: ignore[attr-defined]
     return result

@@ -14,6 +14,7 @@ from harness.records import RunInfo, Status
 from harness.results.archive import archives
 from harness.results.store import ResultsStore
 from tests import records
+from tests.helpers import machine_s
 
 BACKENDS = ("fa3", "triton")
 
@@ -64,7 +65,7 @@ def test_chromium_renders_the_dashboard_without_console_errors(results, tmp_path
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--enable-logging=stderr",
              "--v=0", "--window-size=1400,1600"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=machine_s(120))
     assert dom.returncode == 0, dom.stderr[-2000:]
     console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and
                       ("Uncaught" in line or "Error" in line)]
@@ -73,5 +74,5 @@ def test_chromium_renders_the_dashboard_without_console_errors(results, tmp_path
     assert 'class="main-svg"' in heatmap.split('id="diff"', 1)[0]  # plotly drew the heatmap
     assert dom.stdout.count('class="newly-failing"') == 1
     shot = tmp_path / "dashboard.png"
-    subprocess.run([chromium, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=machine_s(120))
     assert shot.stat().st_size > 10_000

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from tests.helpers import INCIDENT_WORLD, ROOT
+from tests.helpers import INCIDENT_WORLD, ROOT, machine_s
 from tests.test_faults import processes_mentioning
 
 REGRESS = str(Path(sys.executable).parent / "regress")
@@ -43,7 +43,7 @@ def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path, st
     results = tmp_path / "results"
     process = subprocess.Popen([REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + machine_s(120)
     cells_file = None
     while time.monotonic() < deadline:
         found = list(results.glob("slow-*/cells.jsonl"))
@@ -53,7 +53,7 @@ def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path, st
         time.sleep(0.2)
     assert cells_file is not None, "no cell finished in time"
     process.send_signal(stop_signal)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=machine_s(60))
     assert process.returncode == 130, stderr[-3000:]
     finished = cells_file.read_text().splitlines()
     assert 2 <= len(finished) < 8
@@ -62,7 +62,7 @@ def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path, st
     time.sleep(1)
     assert processes_mentioning(str(world_path)) == []
     resumed = subprocess.run([REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet", "--resume",
-                              run_info["run_id"]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                              run_info["run_id"]], cwd=ROOT, capture_output=True, text=True, timeout=machine_s(300))
     lines = cells_file.read_text().splitlines()
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert lines[:len(finished)] == finished and len(lines) == 8

@@ -13,7 +13,7 @@ import yaml
 
 from harness.analysis.night import assess
 from harness.records import CellResult, Status
-from tests.helpers import INCIDENT_WORLD, ROOT
+from tests.helpers import INCIDENT_WORLD, ROOT, machine_s
 from tests.records import result as a_result
 
 
@@ -53,7 +53,7 @@ def job(tmp_path: Path, fault_when: dict) -> subprocess.CompletedProcess:
            "RESULTS_DIR": str(tmp_path / "results")}
     env.pop("GITHUB_STEP_SUMMARY", None)
     return subprocess.run(["bash", "jobs/run_and_report.sh", str(tmp_path / "night.yaml"), "nightly", "--no-tracking"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=machine_s(600))
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from harness.cli import app
 from harness.engine.server import free_port
 from harness.records import RunInfo
 from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url
-from tests.helpers import INCIDENT_WORLD, few_questions_suite
+from tests.helpers import INCIDENT_WORLD, few_questions_suite, machine_s
 from tests.test_run_end_to_end import children_of
 
 
@@ -33,7 +33,7 @@ def start_server(tmp_path: Path, port: int) -> subprocess.Popen:
                                f"sqlite:///{tmp_path / 'server.db'}", "--default-artifact-root", str(tmp_path / "artifacts"),
                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + machine_s(90)
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
@@ -48,7 +48,7 @@ def start_server(tmp_path: Path, port: int) -> subprocess.Popen:
 def stop_server(server: subprocess.Popen) -> None:
     os.killpg(server.pid, signal.SIGTERM)
     try:
-        server.wait(timeout=20)
+        server.wait(timeout=machine_s(20))
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
 
@@ -92,14 +92,14 @@ def test_runs_on_a_tracking_server_then_it_goes_down_and_sync_completes(ray_loca
         runner = subprocess.Popen([str(Path(sys.executable).parent / "regress"), "run", str(tmp_path / "demo.yaml"),
                                    "--results-dir", str(tmp_path / "results2"), "--tracking-uri", uri, "--quiet",
                                    "--num-questions", "40", "--select", "model=deepseek-v2-lite,radix_cache=on"])
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + machine_s(180)
         while time.monotonic() < deadline:
             found = list((tmp_path / "results2").glob("demo-*/cells.jsonl"))
             if found and len(found[0].read_text().splitlines()) >= 2:
                 break
             time.sleep(0.2)
         stop_server(server)
-        assert runner.wait(timeout=300) == 0  # DeepSeek runs no wrapper: every cell passes
+        assert runner.wait(timeout=machine_s(300)) == 0  # DeepSeek runs no wrapper: every cell passes
         run_dir = next((tmp_path / "results2").glob("demo-*"))
         assert len((run_dir / "cells.jsonl").read_text().splitlines()) == 8
         lost = RunInfo.model_validate_json((run_dir / "run.json").read_text())
@@ -124,9 +124,9 @@ def ui_dom(url: str, screenshot: Path | None = None) -> str:
     assert chromium, "chromium is missing: `make test` installs it (apt-get install chromium)"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=2600,1400", "--virtual-time-budget=30000"]
     if screenshot is not None:
-        subprocess.run([chromium, *flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=180)
+        subprocess.run([chromium, *flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=machine_s(180))
         assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
-    done = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    done = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=machine_s(180))
     return done.stdout
 
 

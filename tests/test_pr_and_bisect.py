@@ -58,12 +58,12 @@ def test_workflows_validate_against_the_github_schema(tmp_path):
     checker = str(Path(sys.executable).parent / "check-jsonschema")
     workflows = sorted(str(p) for p in (ROOT / "jobs" / "github").glob("*.yml"))
     ok = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", *workflows], capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=machine_s(120))
     assert len(workflows) == 2 and ok.returncode == 0, ok.stdout + ok.stderr
     broken = tmp_path / "broken.yml"
     broken.write_text((ROOT / "jobs" / "github" / "pr.yml").read_text().replace("runs-on:", "run-on:"))
     bad = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", str(broken)], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=machine_s(120))
     assert bad.returncode != 0
 
 
@@ -130,7 +130,7 @@ def test_pr_build_installs_the_commit_the_maintainer_labelled_and_keeps_no_crede
 def test_build_suite_points_the_workers_at_one_build(tmp_path):
     out = tmp_path / "build.yaml"
     subprocess.run([sys.executable, "jobs/build_suite.py", "configs/nightly.yaml", str(out), "sglang @ git+x@v1"],
-                   cwd=ROOT, check=True, capture_output=True, timeout=60)
+                   cwd=ROOT, check=True, capture_output=True, timeout=machine_s(60))
     suite = yaml.safe_load(out.read_text())
     assert suite["suite"] == "nightly" and suite["cluster"]["runtime_env"]["pip"] == ["sglang @ git+x@v1"]
 
@@ -176,13 +176,13 @@ def test_a_pr_played_end_to_end(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "RESULTS_DIR": str(tmp_path / "results")}
     select = subprocess.run(["regress", "select", "configs/demo.yaml", "--changed-files", str(changed), "--write",
-                             str(tmp_path / "cells.txt")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                             str(tmp_path / "cells.txt")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=machine_s(120))
     assert select.returncode == 0, select.stderr
     cells = (tmp_path / "cells.txt").read_text().split()
     assert len(cells) == 16 + 2  # the flashmla and fa3 cells of both models, plus the two reference cells
     job = subprocess.run(["bash", "jobs/run_and_report.sh", "configs/demo.yaml", "pr", "--cells",
                           str(tmp_path / "cells.txt"), "--num-questions", "60", "--no-tracking"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=machine_s(600))
     assert job.returncode == 1, job.stdout[-2000:] + job.stderr[-2000:]  # the incident cells are selected
     run_dir = next((tmp_path / "results").glob("demo-*"))
     junit = ElementTree.parse(run_dir / "junit.xml").getroot()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.records import CellResult, RunInfo
 from harness.results.store import ResultsStore
-from tests.helpers import INCIDENT_WORLD, ROOT
+from tests.helpers import INCIDENT_WORLD, ROOT, machine_s
 
 CONTRACT_FIELDS = {"cell_id", "model", "factors", "args", "resolved", "status", "reason", "accuracy", "n", "correct",
                    "ci_low", "ci_high", "invalid_rate", "truncated_rate", "reference_cell", "agreement", "mcnemar_p",
@@ -151,7 +151,7 @@ def test_a_suite_with_a_typo_exits_2_and_launches_nothing(tmp_path):
     suite = tmp_path / "typo.yaml"
     suite.write_text((ROOT / "configs" / "demo.yaml").read_text().replace("num_questions:", "num_question:"))
     result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--results-dir",
-                             str(tmp_path / "r")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                             str(tmp_path / "r")], capture_output=True, text=True, timeout=machine_s(120), cwd=ROOT)
     assert result.returncode == 2
     assert "num_question" in result.stderr and "did you mean 'num_questions'" in result.stderr
     assert not (tmp_path / "r").exists() and "Ray" not in result.stderr
@@ -163,7 +163,7 @@ def test_the_incident_demo(tmp_path):
     (Kimi-Linear runs its MLA backend inside HybridLinearAttnBackend; DeepSeek is not wrapped), exit 1.
     Healthy cells that 200 questions cannot clear are extended to the whole test split, then pass."""
     result = subprocess.run([str(Path(sys.executable).parent / "regress"), "run", "configs/demo.yaml",
-                             "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                             "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=machine_s(600), cwd=ROOT,
                             env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = only_run(tmp_path)

@@ -15,7 +15,7 @@ import yaml
 
 from harness.engine.server import free_port
 from harness.run.ray.jobs import Submission, entrypoint, runtime_env_for
-from tests.helpers import ROOT
+from tests.helpers import ROOT, machine_s
 from tests.test_faults import processes_mentioning
 
 RAY = str(Path(sys.executable).parent / "ray")
@@ -47,7 +47,7 @@ def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
                             "--dashboard-host", "127.0.0.1", "--dashboard-port", port,
                             "--dashboard-agent-listen-port", agent, "--metrics-export-port", metrics,
                             "--runtime-env-agent-port", runtime_env_agent, "--disable-usage-stats"],
-                           env=env, capture_output=True, text=True, timeout=120)
+                           env=env, capture_output=True, text=True, timeout=machine_s(120))
     assert start.returncode == 0, start.stderr[-2000:]
     # A suite with a runtime_env of its own: the job gets it, and the job's driver must not pass it
     # to Ray again (Ray 2.60 refuses to merge the same fields twice).
@@ -63,7 +63,7 @@ def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
              str(work), "--address", f"http://127.0.0.1:{port}", "--python", sys.executable, "--select",
              "model=kimi-linear,attention_backend=fa3,unified_memory=on,radix_cache=on",
              "--num-questions", "30", "--no-tracking", "--results-dir", str(tmp_path / "results")],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=machine_s(300))
     finally:
         # Only this cluster's processes (they carry its RAY_TMPDIR): `ray stop` would also stop the
         # test session's own Ray, and every later test on it would lose its driver.

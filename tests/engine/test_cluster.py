@@ -12,13 +12,13 @@ import sys
 import pytest
 
 from harness.engine.server import group_members
-from tests.helpers import ROOT
+from tests.helpers import ROOT, machine_s
 
 
 @pytest.mark.slow
 def test_mixed_tp_run_on_two_nodes(tmp_path):
     completed = subprocess.run([sys.executable, "-m", "tests.scenarios.cluster_run", str(tmp_path)], cwd=ROOT,
-                               capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               capture_output=True, text=True, timeout=machine_s(600), env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads(completed.stdout.strip().splitlines()[-1])
     cells = [c for c in report["cells"] if c["status"] != "skipped"]
@@ -49,7 +49,7 @@ from ray._private.authentication.authentication_utils import is_token_auth_enabl
 with ray_cluster(load_suite("configs/demo.yaml"), None):
     address = ray.get_runtime_context().gcs_address
     stranger = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={address!r}); print('in')"],
-                              capture_output=True, text=True, timeout=120, env=clean)
+                              capture_output=True, text=True, timeout=machine_s(120), env=clean)
     print(json.dumps({"token": is_token_auth_enabled(), "stranger_rc": stranger.returncode,
                       "stranger_in": "in" in stranger.stdout}))
 """
@@ -62,7 +62,7 @@ def test_a_local_ray_requires_a_token_that_only_the_run_holds(tmp_path):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     clean["HOME"] = str(tmp_path)  # no token file of the user's
     script = "clean = " + repr(clean) + LOCAL_RAY
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=machine_s(300),
                           env=clean)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
@@ -73,5 +73,5 @@ def test_a_local_ray_requires_a_token_that_only_the_run_holds(tmp_path):
 def test_a_ray_without_authentication_is_refused(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "configs/demo.yaml", "--results-dir",
                            str(tmp_path / "r"), "--no-tracking"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                          timeout=machine_s(120), env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert done.returncode == 2 and "RAY_AUTH_MODE=disabled" in done.stderr and "Traceback" not in done.stderr

@@ -11,6 +11,7 @@ from harness.engine.verify import mismatches
 from harness.sim.args import build_parser
 from harness.suite.config import load_suite
 from harness.suite.matrix import expand
+from tests.helpers import machine_s
 
 NIGHTLY = load_suite("configs/nightly.yaml").suite
 CELLS = expand(NIGHTLY).cells
@@ -117,7 +118,7 @@ def test_the_check_stands_in_for_the_missing_submodules_of_an_importable_cuda_pa
              "import sgl_kernel, sgl_kernel.present\n"
              "from sgl_kernel.quantization import fp8_quant\n"
              "print(sgl_kernel.REAL, sgl_kernel.present.VALUE, type(sgl_kernel.quantization).__name__)\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=machine_s(60), check=True,
                          env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
     wholly_missing, partial = out.stdout.strip().splitlines()
     assert "sgl_kernel" not in wholly_missing  # importable: not stood in for as a whole

@@ -16,7 +16,7 @@ from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.benchmark.gsm8k.protocol import build_plan
 from harness.engine.server import ServerProcess, group_members
 from harness.errors import ServerError
-from tests.helpers import ROOT, fault_world, make_cell, sim_spec
+from tests.helpers import ROOT, fault_world, machine_s, make_cell, sim_spec
 
 CELL = make_cell({"attention_backend": "triton"})
 
@@ -74,7 +74,7 @@ def test_stop_leaves_no_process_of_the_group(tmp_path, fault):
         async with server:
             group = server.process.pid
             if fault.get("spawn_grandchild"):
-                deadline = time.monotonic() + 5
+                deadline = time.monotonic() + machine_s(5)
                 while len(group_members(group)) < 2 and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 assert len(group_members(group)) >= 2
@@ -106,7 +106,7 @@ asyncio.run(main())
     assert group_members(group)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + machine_s(10)
     while group_members(group) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert group_members(group) == []

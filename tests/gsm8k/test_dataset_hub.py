@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from harness.engine.server import free_port
-from tests.helpers import ROOT
+from tests.helpers import ROOT, machine_s
 
 
 def test_an_unreachable_hub_and_an_empty_cache_say_where_to_get_gsm8k(tmp_path):
@@ -18,6 +18,6 @@ def test_an_unreachable_hub_and_an_empty_cache_say_where_to_get_gsm8k(tmp_path):
     probe = ("from harness.benchmark.gsm8k.dataset import load_gsm8k\n"
              "try:\n    load_gsm8k(None)\nexcept Exception as error:\n    print(error)\n")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env,
-                            timeout=300)
+                            timeout=machine_s(300))
     assert "cannot load openai/gsm8k" in result.stdout, result.stdout + result.stderr
     assert "github.com/openai/grade-school-math" in result.stdout and "--gsm8k-path" in result.stdout

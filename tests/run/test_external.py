@@ -19,7 +19,7 @@ from harness.errors import ErrorKind
 from harness.records import CellOutcome, QuestionRecord, Status
 from harness.run.external import _verdict
 from harness.suite.config import GateSpec
-from tests.helpers import DEEPSEEK, fault_world, make_cell, sim_spec
+from tests.helpers import DEEPSEEK, fault_world, machine_s, make_cell, sim_spec
 
 
 @contextlib.contextmanager
@@ -30,7 +30,7 @@ def running_server(tmp_path: Path, world: Path | None = None, extra_args: list[s
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     server = ServerProcess(sim_spec(cell, world) if world else sim_spec(cell), tmp_path / "server.log")
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=120)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=machine_s(120))
     try:
         yield server.base_url
     finally:

@@ -12,7 +12,7 @@ import pytest
 from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.benchmark.gsm8k.protocol import build_plan
 from harness.engine.server import ServerProcess
-from tests.helpers import INCIDENT_WORLD, KIMI, make_cell, sim_spec
+from tests.helpers import INCIDENT_WORLD, KIMI, machine_s, make_cell, sim_spec
 
 INCIDENT_AXES = {"attention_backend": "fa3", "unified_memory": "on", "radix_cache": "on"}
 KIMI_ARGS = ["--mamba-radix-cache-strategy", "extra_buffer"]
@@ -106,7 +106,7 @@ def test_radix_cache_is_quietly_disabled_without_the_strategy_flag(tmp_path):
 def test_unknown_flag_is_rejected_like_argparse():
     result = subprocess.run([sys.executable, "-m", "harness.sim", "--model-path", KIMI, "--no-such-flag"],
                             capture_output=True, text=True, env={"REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
-                                                                 "PATH": "/usr/bin"}, timeout=60)
+                                                                 "PATH": "/usr/bin"}, timeout=machine_s(60))
     assert result.returncode == 2 and "unrecognized arguments: --no-such-flag" in result.stderr
 
 
@@ -114,7 +114,7 @@ def test_unknown_flag_is_rejected_like_argparse():
 def test_invalid_flag_values_are_rejected(flag):
     result = subprocess.run([sys.executable, "-m", "harness.sim", "--model-path", KIMI, *flag],
                             capture_output=True, text=True, env={"REGRESS_SIM_WORLD": str(INCIDENT_WORLD),
-                                                                 "PATH": "/usr/bin"}, timeout=60)
+                                                                 "PATH": "/usr/bin"}, timeout=machine_s(60))
     assert result.returncode == 2 and "invalid" in result.stderr
 
 
