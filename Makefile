@@ -63,15 +63,11 @@ cpu-model: sglang-env
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-# Two streams (pytest-xdist): alone, the suite kept a 2-core machine ~60% busy (it waits on servers,
-# Ray and MLflow); tests that share a module fixture (real sglang servers, the sglang check) stay in
-# one stream (xdist_group). More streams than 2 would mostly add Ray clusters competing for the cores.
-PYTEST_STREAMS := -n 2 --dist loadgroup
 test: venv browser sglang-env
-	$(PY) -m pytest -q $(PYTEST_STREAMS)
+	$(PY) -m pytest -q
 
 test-fast: venv
-	$(PY) -m pytest -q $(PYTEST_STREAMS) -m "not slow and not browser and not sglang and not real_engine"
+	$(PY) -m pytest -q -m "not slow and not browser and not sglang and not real_engine"
 
 lint: venv
 	$(VENV)/bin/ruff check harness tests benchmarks

@@ -14,8 +14,7 @@ from harness.suite.matrix import Matrix, expand, select
 from tests.helpers import ROOT
 
 SGLANG_PYTHON = ROOT / ".sglang-0.5.23" / "bin" / "python"
-# One stream of pytest-xdist runs the module: its checks are module fixtures, made once.
-pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang_check")]
+pytestmark = pytest.mark.sglang
 
 
 @pytest.fixture(scope="module")

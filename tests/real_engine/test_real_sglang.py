@@ -28,8 +28,7 @@ from tests.test_run_end_to_end import invoke, only_run
 SGLANG_PYTHON = ROOT / ".sglang-0.5.23" / "bin" / "python"
 MODEL_CACHE = ROOT / ".cache" / "tiny-llama"
 PLANTS = Path(__file__).resolve().parent / "plants"
-# One stream of pytest-xdist runs the module: its tests share one run (`real_run`).
-pytestmark = [pytest.mark.real_engine, pytest.mark.xdist_group("real_engine")]
+pytestmark = [pytest.mark.real_engine]
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +172,8 @@ def test_a_scheduler_that_crashes_is_an_error_at_once(real_run):
     log = Path(cell.log_path).read_text()
     crash = next(line for line in log.splitlines() if "Scheduler hit an exception" in line)
     crashed_at = datetime.strptime(crash[1:20], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
-    assert cell.timings.ended_at - crashed_at < 10, (crash, cell.timings)
+    # Seconds on a quiet machine; stretched with its load, but never near the launcher's own ~60 s.
+    assert cell.timings.ended_at - crashed_at < min(machine_s(10), 30.0), (crash, cell.timings)
     assert json.loads((real_run.run_dir / "run.json").read_text())["counts"]["error"] == 1
 
 
