@@ -1,5 +1,6 @@
 """Real sglang 0.5.23 on this CPU, launched by `regress run` through Ray (`cluster.platform: cpu`),
-in one run of one suite (a real server costs ~25 s of CPU to start here, so the tests share it):
+in one run of one suite (a real server's scheduler process alone spends ~20 s of CPU importing
+sglang here, so the tests share one run):
 
 - radix cache on and off and a tp-2 cell serve a tiny random-weight Llama built here, and healthy
   radix-on passes the teacher-forced divergence test against radix-off;
