@@ -49,7 +49,7 @@ from ray._private.authentication.authentication_utils import is_token_auth_enabl
 with ray_cluster(load_suite("configs/demo.yaml"), None):
     address = ray.get_runtime_context().gcs_address
     stranger = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={address!r}); print('in')"],
-                              capture_output=True, text=True, timeout=machine_s(120), env=clean)
+                              capture_output=True, text=True, timeout=120, env=clean)
     print(json.dumps({"token": is_token_auth_enabled(), "stranger_rc": stranger.returncode,
                       "stranger_in": "in" in stranger.stdout}))
 """

@@ -165,7 +165,7 @@ def test_a_backend_sglang_replaces_is_a_mismatch_at_plan_time(real_run):
 
 def test_a_scheduler_that_crashes_is_an_error_at_once(real_run):
     """A planted scheduler crash in the server's first batch (its warmup): the cell is `error`
-    within seconds of sglang logging it, not after the launcher's own ~60 s."""
+    as soon as sglang logs it and stopped within the stop grace, not after the launcher's own ~65 s."""
     cell = real_run.cells[CRASHED]
     assert cell.status is Status.ERROR and cell.error_kind.value == "server_exited"
     assert cell.reason.startswith("server crashed during startup (its launcher was still running): "), cell.reason
@@ -173,8 +173,10 @@ def test_a_scheduler_that_crashes_is_an_error_at_once(real_run):
     log = Path(cell.log_path).read_text()
     crash = next(line for line in log.splitlines() if "Scheduler hit an exception" in line)
     crashed_at = datetime.strptime(crash[1:20], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
-    # Seconds on a quiet machine; stretched with its load, but never near the launcher's own ~60 s.
-    assert cell.timings.ended_at - crashed_at < min(machine_s(10), 30.0), (crash, cell.timings)
+    # Detection takes seconds; the stop then waits up to the suite's stop_grace_s (20 s) for a launcher
+    # that sleeps through SIGTERM. Stretched with the machine's load, and still short of the launcher's
+    # own exit (5 s of diagnostics, then 60 s "for CUDA coredumps").
+    assert cell.timings.ended_at - crashed_at < 20 + min(machine_s(10), 30.0), (crash, cell.timings)
     assert json.loads((real_run.run_dir / "run.json").read_text())["counts"]["error"] == 1
 
 
