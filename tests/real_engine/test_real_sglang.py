@@ -85,8 +85,8 @@ CRASHED = "crash.ab-torch_native.rc-off"
 
 @pytest.fixture(scope="module")
 def real_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
-    """Six real servers (two of tp 1 per model pair, one of tp 2, one that crashes) and two cells
-    decided at plan time, in one `regress run`; reference: radix cache off."""
+    """Six real servers (radix on and off for `tiny` and for `planted`, one of tp 2, one that
+    crashes) and two cells decided at plan time, in one `regress run`; reference: radix cache off."""
     tmp_path = tmp_path_factory.mktemp("real-run")
     models = """  - id: tiny
     path: {model}
