@@ -42,19 +42,24 @@ def free_port(host: str = LOOPBACK) -> int:
 # The server inherits a parent-death signal from this one-line launcher, which sets it in its own
 # (single-threaded) process and then becomes the server (execv keeps it). Setting it in a
 # `preexec_fn` instead would run ctypes between fork and exec inside a threaded Ray worker, which
-# Python documents as unsafe. The launcher runs under the server's own interpreter.
+# Python documents as unsafe. The launcher runs under the server's own interpreter. A parent that
+# died before the signal was armed (a worker killed while it launched: seen once, a simulated
+# server orphaned at the end of a test session) would never send it, so the launcher checks that
+# its parent is still the process that started it, and exits instead of serving for nobody.
 _DEATH_SIGNAL_LAUNCHER = (
     "import ctypes, os, signal, sys\n"
     "try:\n"
     f"    ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL)\n"
     "except (OSError, AttributeError):\n"
     "    pass\n"
-    "os.execv(sys.argv[1], sys.argv[1:])\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('the process that launched this server is gone; not starting it')\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
 
 
 def _with_death_signal(argv: list[str]) -> list[str]:
-    return [argv[0], "-c", _DEATH_SIGNAL_LAUNCHER, *argv]
+    return [argv[0], "-c", _DEATH_SIGNAL_LAUNCHER, str(os.getpid()), *argv]
 
 
 def health_probe_timeout_s(env: dict[str, str]) -> float:

@@ -23,6 +23,7 @@ from harness.records import CellResult, QuestionRecord, RunInfo, Status
 from harness.results.mlflow_layout import CELLS_ARTIFACT
 from harness.results.reporting import junit_xml, print_summary, summary_markdown
 from harness.results.store import ResultsStore
+from harness.results.tracker_process import TrackerProcess
 from harness.results.tracking import Tracker
 
 
@@ -53,8 +54,9 @@ class Sinks:
         self.sinks = list(sinks)
 
     def prepare(self, info: RunInfo) -> None:
-        """Work a sink may do before the run's results exist (import a client, connect to a store);
-        optional (`prepare(info)` on the sink), and safe to run in a thread beside the evaluation."""
+        """Work a sink may start before the run's results exist (import a client, connect to a store);
+        optional (`prepare(info)` on the sink). A sink that must not slow the caller down does it
+        elsewhere (MlflowSink with `in_child` starts its process and returns at once)."""
         for sink in self.sinks:
             prepare = getattr(sink, "prepare", None)
             if prepare is not None:
@@ -182,11 +184,13 @@ def _disk_error(error: OSError) -> str:
 
 
 class MlflowSink:
-    """A parent run per invocation and a child run per cell; never fails a run (see `Tracker`)."""
+    """A parent run per invocation and a child run per cell; never fails a run (see `Tracker`).
+    `in_child`: MLflow runs in a process of its own (`TrackerProcess`), for a caller whose own
+    process has latency-bound work to do meanwhile (`regress eval` sending questions)."""
 
-    def __init__(self, tracking_uri: str) -> None:
+    def __init__(self, tracking_uri: str, in_child: bool = False) -> None:
         self.tracking_uri = tracking_uri
-        self.tracker = Tracker(tracking_uri)
+        self.tracker: Tracker | TrackerProcess = TrackerProcess(tracking_uri) if in_child else Tracker(tracking_uri)
 
     def prepare(self, info: RunInfo) -> None:
         self.tracker.connect(info.suite)  # MLflow's import and the store's opening: seconds of CPU
@@ -206,6 +210,7 @@ class MlflowSink:
         # cells.jsonl on the parent run: what a clean CI runner reads back as history (see archive).
         self.tracker.finish(info, {"summary.md": summary_markdown(info, results),
                                    CELLS_ARTIFACT: "".join(r.model_dump_json() + "\n" for r in results)})
+        self.tracker.close()
         return info.model_copy(update={"tracking_error": self.tracker.error})
 
 
@@ -248,11 +253,12 @@ def cell_line(result: CellResult) -> str:
 
 
 def standard_sinks(store: ResultsStore, tracking_uri: str | None, console: Console | None,
-                   quiet: bool = False) -> Sinks:
-    """MLflow (when a tracking URI is given), the results folder, and the console (unless None)."""
+                   quiet: bool = False, tracking_in_child: bool = False) -> Sinks:
+    """MLflow (when a tracking URI is given; in a child process with `tracking_in_child`), the
+    results folder, and the console (unless None)."""
     chain: list[Sink] = []
     if tracking_uri:
-        chain.append(MlflowSink(tracking_uri))
+        chain.append(MlflowSink(tracking_uri, in_child=tracking_in_child))
     chain.append(FolderSink(store))
     if console is not None:
         chain.append(ConsoleSink(console, store.path, quiet))

@@ -125,6 +125,9 @@ class Tracker:
         """Cell ids already logged under the parent run (found again on a resume or sync)."""
         return set(self._children)
 
+    def close(self) -> None:
+        """Nothing to release in this process (`TrackerProcess.close` ends its child's)."""
+
     @property
     def experiment_id(self) -> str | None:
         return self._experiment_id

@@ -204,4 +204,18 @@ def test_the_server_is_started_without_a_preexec_hook_and_in_its_own_process_gro
         finally:
             server.stop()
     assert "preexec_fn" not in started and started["process_group"] == 0
-    assert started["argv"][1] == "-c" and started["argv"][3:] == server.argv  # the launcher, then the server
+    # The launcher, the pid it must still be the child of, then the server.
+    assert started["argv"][1] == "-c" and started["argv"][3] == str(os.getpid()) and started["argv"][4:] == server.argv
+
+
+def test_a_launcher_whose_parent_died_before_arming_the_death_signal_never_starts_the_server(tmp_path):
+    """The worker died between fork and prctl: the signal would never come, so nothing is served."""
+    from harness.engine.server import _with_death_signal
+
+    marker = tmp_path / "served"
+    argv = _with_death_signal([sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    argv[3] = "1"  # as if launched by a process that is gone (its orphan now belongs to pid 1)
+    launched = subprocess.run(argv, capture_output=True, text=True, timeout=machine_s(60))
+    assert launched.returncode == 1 and "is gone" in launched.stderr and not marker.exists()
+    argv[3] = str(os.getpid())  # the real parent: the server runs
+    assert subprocess.run(argv, timeout=machine_s(60)).returncode == 0 and marker.exists()

@@ -78,3 +78,44 @@ def test_a_fresh_store_is_a_copy_of_the_migrated_template_and_works_like_one_mig
     (tmp_path / "a-file").write_text("")  # no cache can be made: MLflow migrates the store itself
     third = mlflow_client(f"sqlite:///{tmp_path / 'c.db'}")
     assert third.search_experiments(max_results=1) and (tmp_path / "c.db").exists()
+
+
+def test_a_tracker_in_a_child_process_logs_what_one_in_process_logs_and_resumes_the_same(tmp_path):
+    """`regress eval`'s tracker: MLflow in a process of its own, the same runs in the same store."""
+    from harness.results.tracker_process import TrackerProcess
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    info = run_info("eval-1", suite="eval", protocol_fingerprint="fp")
+    first = TrackerProcess(uri)
+    first.connect(info.suite)  # returns at once; the child imports MLflow meanwhile
+    parent = first.start(info, {"base_url": "http://x"})
+    cell = first.log_cell(result("m.a", Status.FAIL, accuracy=0.2, n=2), [answer(0, True), answer(1, False)],
+                          {"attention_backend": "fa3"}, "server log")
+    first.finish(info, {"summary.md": "# eval-1"})
+    first.close()
+    assert first.error is None and parent and cell and first.experiment_id
+    assert first.logged_cells() == {"m.a"}
+    client = MlflowClient(tracking_uri=uri)
+    (child,) = client.search_runs([first.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert child.info.run_id == cell and child.data.metrics["accuracy"] == 0.2 and child.data.tags["status"] == "fail"
+    assert {a.path for a in client.list_artifacts(cell)} >= {"questions.json", "server.log", "server_info.json"}
+
+    resumed = TrackerProcess(uri)
+    assert resumed.start(info, {"base_url": "http://x"}) == parent  # found again, not a second parent
+    assert resumed.logged_cells() == {"m.a"}
+    resumed.close()
+
+
+def test_a_child_tracker_that_dies_turns_tracking_off_with_the_reason_and_nothing_raises(tmp_path):
+    from harness.results.tracker_process import TrackerProcess
+
+    tracker = TrackerProcess(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker.connect("eval")
+    tracker._child.kill()  # an OOM kill, a node's cgroup: the logger is gone
+    tracker._child.wait()
+    info = run_info("eval-2", suite="eval", protocol_fingerprint="fp")
+    assert tracker.start(info, {}) is None
+    assert "MLflow logger process ended (exit code -9)" in tracker.error
+    assert tracker.log_cell(result("m.a", Status.PASS, accuracy=1.0, n=1), [answer(0, True)], {}, "") is None
+    tracker.finish(info, {})  # still nothing raised
+    tracker.close()

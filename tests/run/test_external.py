@@ -82,3 +82,22 @@ def test_a_404_on_generate_says_the_protocol_needs_an_sglang_server(gsm8k):
     verdict = _verdict(outcome, plan, 0.5, GateSpec())
     assert verdict.status is Status.ERROR and verdict.error_kind is ErrorKind.TRANSPORT
     assert "needs an sglang server" in verdict.reason and "--protocol clean" in verdict.reason
+
+
+def test_with_tracking_on_the_eval_lands_in_mlflow_and_its_cells_line_names_the_mlflow_run(tmp_path):
+    """MLflow runs in a child process (`TrackerProcess`); the results folder still records its ids."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with running_server(tmp_path) as url:
+        result = CliRunner().invoke(app, ["eval", "--base-url", url, "--num-questions", "20", "--concurrency", "8",
+                                          "--results-dir", str(tmp_path / "results"), "--floor", "0.5",
+                                          "--tracking-uri", uri])
+    assert result.exit_code == 0, result.output
+    cell = only_cell(tmp_path)
+    assert cell["mlflow_run_id"] and cell["run"]["mlflow_run_id"] and cell["run"]["tracking_error"] is None
+    client = MlflowClient(tracking_uri=uri)
+    child = client.get_run(cell["mlflow_run_id"])
+    assert child.data.tags["mlflow.parentRunId"] == cell["run"]["mlflow_run_id"]
+    assert child.data.metrics["n"] == 20 and child.data.tags["status"] == "pass"
+    assert client.get_run(cell["run"]["mlflow_run_id"]).data.tags["verdict"] == "pass"
