@@ -12,7 +12,7 @@ had with the cell durations as measured in the run, planned both on what the sch
 before the run and, as an oracle, on the durations as they turned out.
 
     .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0] [--failed-first] [--keep FOLDER]
-    .venv/bin/python benchmarks/scheduling.py --quick    # what the test suite runs: 2 models, 1 node, 0.1 s a minute
+    .venv/bin/python benchmarks/scheduling.py --quick    # what the test suite runs: 2 models, 1 node, 0.04 s a minute
     .venv/bin/python benchmarks/scheduling.py --matrix-seed 7 --nodes 3   # a matrix the scheduler was not tuned on
 
 The models are hybrid-linear (Kimi-Linear's kind): their servers run the HybridLinearAttnBackend
@@ -211,14 +211,14 @@ def main() -> None:
                         help="run cells that failed last time first (cluster.failed_first, as PR jobs do)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the suite, world and results here instead of a temporary folder")
-    parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4) on 1 node, 0.1 s per real minute")
+    parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4) on 1 node, 0.04 s per real minute")
     parser.add_argument("--matrix-seed", type=int, default=None,
                         help="draw a matrix the scheduler was not tuned on from this seed (see the docstring)")
     parser.add_argument("--nodes", type=int, default=2, help="8-GPU nodes (default 2)")
     arguments = parser.parse_args()
     global NODES
     NODES = 1 if arguments.quick else arguments.nodes
-    scale = 0.1 if arguments.quick else arguments.seconds_per_minute
+    scale = 0.04 if arguments.quick else arguments.seconds_per_minute
     tps = [1, 4] if arguments.quick else TPS
     os.environ.setdefault("REGRESS_GSM8K_PATH", str(ROOT.parent / "shared" / "data" / "gsm8k"))
     print(f"durations scaled to {scale:g} s per real minute")

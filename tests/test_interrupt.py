@@ -36,36 +36,50 @@ def slow_suite(tmp_path: Path, gpus: int = 2) -> tuple[Path, Path]:
     return suite_path, world_path
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-def test_sigterm_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path, stop_signal):
-    suite_path, world_path = slow_suite(tmp_path)
-    results = tmp_path / "results"
-    process = subprocess.Popen([REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def wait_for_lines(results: Path, at_least: int) -> Path:
+    """The run's cells.jsonl once it holds `at_least` cells."""
     deadline = time.monotonic() + machine_s(120)
-    cells_file = None
     while time.monotonic() < deadline:
         found = list(results.glob("slow-*/cells.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 2:
-            cells_file = found[0]
-            break
+        if found and len(found[0].read_text().splitlines()) >= at_least:
+            return found[0]
         time.sleep(0.2)
-    assert cells_file is not None, "no cell finished in time"
+    raise AssertionError(f"fewer than {at_least} cells finished in time")
+
+
+def interrupt(command: list[str], results: Path, at_least: int, stop_signal: signal.Signals) -> tuple[Path, list[str]]:
+    """Start `command`, send `stop_signal` once `at_least` cells are written; the lines kept."""
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cells_file = wait_for_lines(results, at_least)
     process.send_signal(stop_signal)
     _, stderr = process.communicate(timeout=machine_s(60))
     assert process.returncode == 130, stderr[-3000:]
-    finished = cells_file.read_text().splitlines()
-    assert 2 <= len(finished) < 8
     run_info = json.loads((cells_file.parent / "run.json").read_text())
     assert run_info["interrupted"] is True
+    return cells_file, cells_file.read_text().splitlines()
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_sigterm_keep_finished_cells_and_each_resume_runs_only_the_rest(tmp_path):
+    """Ctrl-C stops the run; its resume is stopped by SIGTERM (a CI job cancelled); the second resume
+    completes it: every finished cell kept once, in order, no server left behind either time."""
+    suite_path, world_path = slow_suite(tmp_path)
+    results = tmp_path / "results"
+    run = [REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet"]
+    cells_file, finished = interrupt(run, results, 2, signal.SIGINT)
+    assert 2 <= len(finished) < 8
     time.sleep(1)
     assert processes_mentioning(str(world_path)) == []
-    resumed = subprocess.run([REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet", "--resume",
-                              run_info["run_id"]], cwd=ROOT, capture_output=True, text=True, timeout=machine_s(300))
+    run_id = json.loads((cells_file.parent / "run.json").read_text())["run_id"]
+    _, kept = interrupt([*run, "--resume", run_id], results, len(finished) + 1, signal.SIGTERM)
+    assert kept[:len(finished)] == finished and len(finished) < len(kept) < 8
+    time.sleep(1)
+    assert processes_mentioning(str(world_path)) == []
+    resumed = subprocess.run([*run, "--resume", run_id], cwd=ROOT, capture_output=True, text=True,
+                             timeout=machine_s(300))
     lines = cells_file.read_text().splitlines()
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert lines[:len(finished)] == finished and len(lines) == 8
+    assert lines[:len(kept)] == kept and len(lines) == 8
     assert len({json.loads(line)["cell_id"] for line in lines}) == 8
     assert json.loads((cells_file.parent / "run.json").read_text())["interrupted"] is False
 
