@@ -48,10 +48,12 @@ from harness.suite.config import load_suite
 from ray._private.authentication.authentication_utils import is_token_auth_enabled
 with ray_cluster(load_suite("configs/demo.yaml"), None):
     address = ray.get_runtime_context().gcs_address
+    # Two tries, not Ray's twenty (one a second): refused is refused, and the reason is checked below.
     stranger = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={address!r}); print('in')"],
-                              capture_output=True, text=True, timeout=120, env=clean)
+                              capture_output=True, text=True, timeout=120,
+                              env={**clean, "RAY_NUM_REDIS_GET_RETRIES": "2"})
     print(json.dumps({"token": is_token_auth_enabled(), "stranger_rc": stranger.returncode,
-                      "stranger_in": "in" in stranger.stdout}))
+                      "stranger_in": "in" in stranger.stdout, "stranger_refused": "InvalidAuthToken" in stranger.stderr}))
 """
 
 
@@ -67,6 +69,7 @@ def test_a_local_ray_requires_a_token_that_only_the_run_holds(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["token"] is True and not found["stranger_in"] and found["stranger_rc"] != 0, done.stdout
+    assert found["stranger_refused"], done.stdout  # turned away for its missing token, not for a wrong address
     assert not (tmp_path / ".ray" / "auth_token").exists()  # the token lived in the run's environment only
 
 
