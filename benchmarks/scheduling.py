@@ -4,9 +4,8 @@ times are drawn from realistic ranges scaled down to seconds?
 
 Runs the suite twice (the second run learns durations from the first, as a nightly does) and
 prints for each: makespan / lower bound (lower bound = the largest of GPU-seconds / the GPUs, the
-longest cell, and the wide cells' durations over the nodes: a node runs one cell wider than half of
-it at a time), GPU
-utilisation, the evaluation GPU-seconds early stop saves on each incident cell, and the makespan a
+longest cell, and `wide_cell_bound`: a node runs one cell wider than half of it at a time, and a
+narrow cell runs beside one only if it fits the GPUs left), GPU utilisation, the evaluation GPU-seconds early stop saves on each incident cell, and the makespan a
 static longest-first partition across the two nodes (the way sglang's CI splits suites) would have
 had with the cell durations as measured in the run, planned both on what the scheduler knew
 before the run and, as an oracle, on the durations as they turned out.
@@ -152,15 +151,31 @@ def run_once(suite: Path, results: Path, tps: list[int], *options: str) -> list[
     return cells
 
 
+def wide_cell_bound(cells: list[dict]) -> float:
+    """A lower bound on the makespan from cells wider than half a node (tp 5-8 on 8 GPUs).
+
+    A node runs one such cell at a time, so their durations, shared out over the nodes, take at
+    least that long. Beside a wide cell of width w only w' = GPUS - w GPUs are free, and only cells
+    of width <= w' fit there; every other narrow GPU-second needs time when no wide cell runs, a
+    whole node's worth at most per second. So the node-seconds are at least the wide cells'
+    durations plus (narrow GPU-seconds - what fits beside wide cells) / GPUs. What fits beside them
+    is counted generously (all free GPU-seconds, or all narrow GPU-seconds of a width that fits
+    the largest free space, whichever is less), which keeps the bound a bound."""
+    wide = [c for c in cells if c["gpus"] > GPUS_PER_NODE // 2]
+    narrow = [c for c in cells if c["gpus"] <= GPUS_PER_NODE // 2]
+    largest_free = max((GPUS_PER_NODE - c["gpus"] for c in wide), default=0)
+    beside = min(sum((GPUS_PER_NODE - c["gpus"]) * c["duration"] for c in wide),
+                 sum(c["gpus"] * c["duration"] for c in narrow if c["gpus"] <= largest_free))
+    narrow_gpu_seconds = sum(c["gpus"] * c["duration"] for c in narrow)
+    return (sum(c["duration"] for c in wide) + (narrow_gpu_seconds - beside) / GPUS_PER_NODE) / NODES
+
+
 def report(title: str, cells: list[dict], known: list[dict] | None) -> None:
     """`known`: the run the scheduler learned durations from (None: it knew none)."""
     start = min(c["timings"]["started_at"] for c in cells)
     makespan = max(c["timings"]["ended_at"] for c in cells) - start
     gpu_seconds = sum(c["gpus"] * c["duration"] for c in cells)
-    # Also a bound of its own: a node holds one cell wider than half its GPUs at a time, so those
-    # cells' durations, shared out over the nodes, take at least that long (tp 5-8 on 8-GPU nodes).
-    wide = sum(c["duration"] for c in cells if c["gpus"] > GPUS_PER_NODE // 2) / NODES
-    bound = max(gpu_seconds / (GPUS_PER_NODE * NODES), max(c["duration"] for c in cells), wide)
+    bound = max(gpu_seconds / (GPUS_PER_NODE * NODES), max(c["duration"] for c in cells), wide_cell_bound(cells))
     print(f"== {title}: {len(cells)} cells on {NODES} nodes x {GPUS_PER_NODE} GPUs; statuses: "
           f"{sorted({c['status'] for c in cells})}")
     print(f"makespan {makespan:.1f} s, lower bound {bound:.1f} s: makespan / lower bound = {makespan / bound:.2f}")

@@ -50,13 +50,24 @@ def test_compare_names_the_newly_failing_cell(ray_local, tmp_path):
     assert "+0.000" in rows["kimi-linear.ab-fa3.um-off.rc-on"]  # same world, same answers: no difference
 
 
-def test_compare_refuses_different_protocols(ray_local, tmp_path):
-    night(tmp_path, False, "--no-tracking")
-    CliRunner().invoke(app, ["run", str(tmp_path / "demo.yaml"), "--results-dir", str(tmp_path / "results"),
-                             "--num-questions", "30", "--select", SELECT, "--quiet", "--no-tracking"])
+def test_compare_refuses_different_protocols(tmp_path):
+    """Two nights of 60 and 30 questions, as `regress run` writes them (the record types it writes)."""
+    from harness.records import Status
+    from harness.results.store import ResultsStore
+    from tests.records import answers, result, run_info
+
+    for run_id, started, fingerprint in (("demo-20261201-010000-aaaa", "2026-12-01T01:00:00+00:00", "clean-60q"),
+                                         ("demo-20261202-010000-bbbb", "2026-12-02T01:00:00+00:00", "clean-30q")):
+        store = ResultsStore(tmp_path / "results", run_id)
+        store.write_run(run_info(run_id, suite="demo", started_at=started, ended_at=started,
+                                 protocol_fingerprint=fingerprint))
+        store.write_questions("kimi-linear.ab-fa3.um-on.rc-on", answers([True] * 30))
+        store.append_cell(result("kimi-linear.ab-fa3.um-on.rc-on", Status.PASS, model="kimi-linear", accuracy=1.0,
+                                 n=30, protocol_fingerprint=fingerprint))
     result = CliRunner().invoke(app, ["compare", "previous:demo", "latest:demo", "--results-dir",
                                       str(tmp_path / "results")])
-    assert result.exit_code == 2 and "different protocols" in result.output
+    assert result.exit_code == 2 and "different protocols" in result.output, result.output
+    assert "clean-60q vs clean-30q" in result.output
 
 
 def test_sync_uploads_a_run_made_while_tracking_was_down_and_twice_is_once(ray_local, tmp_path):
