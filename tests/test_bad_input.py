@@ -98,6 +98,19 @@ def test_non_positive_question_count_on_the_command_line(tmp_path):
     refused(regress("run", "configs/demo.yaml", "--num-questions", "0"), "--num-questions")
 
 
+def test_plan_prints_a_line_per_cell_with_its_tp_and_flags_and_marks_the_references():
+    result = regress("plan", "configs/nightly.yaml")
+    data = json.loads(regress("plan", "configs/nightly.yaml", "--json").stdout)
+    assert result.returncode == 0 and result.stdout.startswith("nightly: 72 cells (sglang)\n")
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[2:74]}
+    assert len(lines) == 72
+    for cell in data["cells"]:
+        line = lines[cell["cell_id"]]
+        assert line.endswith(" ".join(cell["flags"]) or "-") and f"  {cell['tp']:>2}  " in line
+        assert ("(reference)" in line) == (cell["reference_cell"] is None)
+    assert "72 cells, " in result.stdout and "GPU-slots in all" in result.stdout
+
+
 def test_plan_json_lists_cells_and_skips():
     result = regress("plan", "configs/nightly.yaml", "--json")
     data = json.loads(result.stdout)

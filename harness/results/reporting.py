@@ -37,16 +37,16 @@ def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:
 
 
 def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
-    """`regress plan`: the cells as a table, the GPU-slots they need, and the excluded cells by reason."""
-    table = Table(title=f"{loaded.suite.suite}: {len(matrix.cells)} cells ({loaded.suite.engine})", header_style="bold")
-    # Cell ids whole (nightly ids differ only at their end), the flags fold instead.
-    table.add_column("cell", no_wrap=True)
-    table.add_column("tp")
-    table.add_column("server flags", overflow="fold")
-    for cell in matrix.cells:
-        marker = " [bold](reference)[/]" if cell.is_reference else ""
-        table.add_row(cell.cell_id + marker, str(cell.model.tp), " ".join(cell.flags) or "-")
-    console.print(table)
+    """`regress plan`: the cells a line each (id, tp, server flags), the GPU-slots they need, and the
+    excluded cells by reason. Plain aligned lines, not a rich Table: measuring a 72-row table's
+    columns took 0.14 s of the command's ~0.4 s of CPU, and a line per cell greps well in CI logs."""
+    console.print(f"[bold]{escape(loaded.suite.suite)}: {len(matrix.cells)} cells ({loaded.suite.engine})[/]")
+    names = [cell.cell_id + (" (reference)" if cell.is_reference else "") for cell in matrix.cells]
+    width = max(map(len, names), default=4)
+    lines = [f"{'cell':<{width}}  tp  server flags"]
+    lines += [f"{name:<{width}}  {cell.model.tp:>2}  {' '.join(cell.flags) or '-'}"
+              for name, cell in zip(names, matrix.cells, strict=True)]
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     references = sorted({cell.reference_cell for cell in matrix.cells if cell.reference_cell})
     console.print("each cell is compared with its model's reference: " + ", ".join(references))
     gpus = sum(c.model.tp for c in matrix.cells)
