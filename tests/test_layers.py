@@ -108,7 +108,7 @@ def test_the_contract_imports_nothing_of_the_harness_but_its_codes():
 
 
 def test_regress_plan_loads_none_of_the_heavy_libraries():
-    """`regress plan` reads a YAML file and prints a table: no HTTP client, tracking, cluster,
+    """`regress plan` reads a YAML file and prints its cells: no HTTP client, tracking, cluster,
     dataframe or statistics library is imported for that, nor the results records' pydantic models
     (building their classes took a fifth of the command's CPU)."""
     probe = ("import io, sys, contextlib\n"
