@@ -5,10 +5,11 @@ times are drawn from realistic ranges scaled down to seconds?
 Runs the suite twice (the second run learns durations from the first, as a nightly does) and
 prints for each: makespan / lower bound (lower bound = the largest of GPU-seconds / the GPUs, the
 longest cell, and `wide_cell_bound`: a node runs one cell wider than half of it at a time, and a
-narrow cell runs beside one only if it fits the GPUs left), GPU utilisation, the evaluation GPU-seconds early stop saves on each incident cell, and the makespan a
-static longest-first partition across the two nodes (the way sglang's CI splits suites) would have
-had with the cell durations as measured in the run, planned both on what the scheduler knew
-before the run and, as an oracle, on the durations as they turned out.
+narrow cell runs beside one only if it fits the GPUs left), GPU utilisation, the evaluation
+GPU-seconds early stop saves on each incident cell, and the makespan a static longest-first
+partition across the nodes (the way sglang's CI splits suites) would have had with the cell
+durations as measured in the run, planned both on what the scheduler knew before the run and, as
+an oracle, on the durations as they turned out.
 
     .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0] [--failed-first] [--keep FOLDER]
     .venv/bin/python benchmarks/scheduling.py --quick    # what the test suite runs: 2 models, 1 node, 0.04 s a minute

@@ -64,10 +64,10 @@ def test_compare_refuses_different_protocols(tmp_path):
         store.write_questions("kimi-linear.ab-fa3.um-on.rc-on", answers([True] * 30))
         store.append_cell(result("kimi-linear.ab-fa3.um-on.rc-on", Status.PASS, model="kimi-linear", accuracy=1.0,
                                  n=30, protocol_fingerprint=fingerprint))
-    result = CliRunner().invoke(app, ["compare", "previous:demo", "latest:demo", "--results-dir",
-                                      str(tmp_path / "results")])
-    assert result.exit_code == 2 and "different protocols" in result.output, result.output
-    assert "clean-60q vs clean-30q" in result.output
+    compared = CliRunner().invoke(app, ["compare", "previous:demo", "latest:demo", "--results-dir",
+                                        str(tmp_path / "results")])
+    assert compared.exit_code == 2 and "different protocols" in compared.output, compared.output
+    assert "clean-60q vs clean-30q" in compared.output
 
 
 def test_sync_uploads_a_run_made_while_tracking_was_down_and_twice_is_once(ray_local, tmp_path):
