@@ -30,7 +30,8 @@ from tests.test_run_end_to_end import children_of
 
 def start_server(tmp_path: Path, port: int) -> subprocess.Popen:
     # The server's store starts migrated, as the harness's own SQLite stores do (a copy of the
-    # machine's empty template): the server then skips MLflow's ~30 migrations (~3 s of CPU).
+    # machine's empty template), so the server skips MLflow's migrations: /health answered after
+    # 6.7-7.3 s against 7.9-8.5 s from an empty file (session 12, 2 quiet cores).
     mlflow_client(f"sqlite:///{tmp_path / 'server.db'}")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
