@@ -32,10 +32,11 @@ def start_server(tmp_path: Path, port: int) -> subprocess.Popen:
     # The server's store starts migrated, as the harness's own SQLite stores do (a copy of the
     # machine's empty template), so the server skips MLflow's migrations: /health answered after
     # 6.7-7.3 s against 7.9-8.5 s from an empty file (session 12, 2 quiet cores).
-    mlflow_client(f"sqlite:///{tmp_path / 'server.db'}")
+    store = f"sqlite:///{tmp_path / 'server.db'}"
+    mlflow_client(store)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-                               f"sqlite:///{tmp_path / 'server.db'}", "--default-artifact-root", str(tmp_path / "artifacts"),
+                               store, "--default-artifact-root", str(tmp_path / "artifacts"),
                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + machine_s(90)
