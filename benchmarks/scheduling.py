@@ -12,7 +12,7 @@ durations as measured in the run, planned both on what the scheduler knew before
 an oracle, on the durations as they turned out.
 
     .venv/bin/python benchmarks/scheduling.py [--seconds-per-minute 1.0] [--failed-first] [--keep FOLDER]
-    .venv/bin/python benchmarks/scheduling.py --quick    # what the test suite runs: 2 models, 1 node, 0.04 s a minute
+    .venv/bin/python benchmarks/scheduling.py --quick    # what the test suite runs: 2 models x 2 cells, 1 node
     .venv/bin/python benchmarks/scheduling.py --matrix-seed 7 --nodes 3   # a matrix the scheduler was not tuned on
 
 The models are hybrid-linear (Kimi-Linear's kind): their servers run the HybridLinearAttnBackend
@@ -54,6 +54,9 @@ from harness.engine.sim_fixtures import INCIDENT_WORLD  # noqa: E402
 TPS = [1, 1, 2, 2, 4, 4, 8, 8]
 GPUS_PER_NODE, NODES = 8, 2
 QUESTIONS = 320
+BACKENDS, UNIFIED_MEMORY = ("triton", "fa3", "flashinfer"), ("off", "on")
+# --quick: that every path runs (both runs, the early-stop rerun), not figures to quote.
+QUICK_BACKENDS, QUICK_UNIFIED_MEMORY, QUICK_QUESTIONS = ("triton", "fa3"), ("on",), 160
 
 
 def generated_matrix(seed: int) -> list[tuple[int, str, tuple[float, float], tuple[float, float]]]:
@@ -68,7 +71,8 @@ def generated_matrix(seed: int) -> list[tuple[int, str, tuple[float, float], tup
 
 
 def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False, tps: list[int] = TPS,
-          matrix_seed: int | None = None) -> tuple[Path, list[int]]:
+          matrix_seed: int | None = None, backends: tuple[str, ...] = BACKENDS,
+          unified_memory: tuple[str, ...] = UNIFIED_MEMORY, questions: int = QUESTIONS) -> tuple[Path, list[int]]:
     rng = random.Random(0)
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
     world["models"] = {}
@@ -84,9 +88,9 @@ def setup(folder: Path, seconds_per_minute: float, failed_first: bool = False, t
                                  "base_s": round(rng.uniform(*wave) * seconds_per_minute, 2)}
         models.append({"id": f"m{number}-tp{tp}", "path": path, "tp": tp, "floor": 0.8})
     (folder / "world.yaml").write_text(yaml.safe_dump(world))
-    suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": QUESTIONS,
-             "concurrency": QUESTIONS // 10, "stop_grace_s": 1, "models": models,
-             "axes": {"attention_backend": ["triton", "fa3", "flashinfer"], "unified_memory": ["off", "on"],
+    suite = {"suite": "sched", "engine": "sim", "sim_world": str(folder / "world.yaml"), "num_questions": questions,
+             "concurrency": questions // 10, "stop_grace_s": 1, "models": models,
+             "axes": {"attention_backend": list(backends), "unified_memory": list(unified_memory),
                       "radix_cache": ["on"]}, "gate": {"min_effect": 0.3},
              "cluster": {"failed_first": failed_first}}  # off as in configs/nightly.yaml, on for PRs
     (folder / "sched.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
@@ -227,7 +231,8 @@ def main() -> None:
                         help="run cells that failed last time first (cluster.failed_first, as PR jobs do)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the suite, world and results here instead of a temporary folder")
-    parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4) on 1 node, 0.04 s per real minute")
+    parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4) x 2 backends, unified memory on, on 1 node, 160 questions, "
+                             "0.04 s per real minute: that it runs, not figures to quote")
     parser.add_argument("--matrix-seed", type=int, default=None,
                         help="draw a matrix the scheduler was not tuned on from this seed (see the docstring)")
     parser.add_argument("--nodes", type=int, default=2, help="8-GPU nodes (default 2)")
@@ -241,9 +246,11 @@ def main() -> None:
     if arguments.keep is not None:
         arguments.keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() if arguments.keep is None else contextlib.nullcontext(arguments.keep) as folder:
-        suite, tps = setup(Path(folder), scale, arguments.failed_first, tps, arguments.matrix_seed)
+        suite, tps = setup(Path(folder), scale, arguments.failed_first, tps, arguments.matrix_seed,
+                           *((QUICK_BACKENDS, QUICK_UNIFIED_MEMORY, QUICK_QUESTIONS) if arguments.quick
+                             else (BACKENDS, UNIFIED_MEMORY, QUESTIONS)))
         print(f"models (tp): {tps} on {NODES} nodes x {GPUS_PER_NODE} GPUs")
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False})
         for _ in range(NODES):
             cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)

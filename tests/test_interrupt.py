@@ -93,6 +93,8 @@ def test_unreachable_tracking_server_costs_no_results(ray_local, tmp_path):
     assert len((run_dir / "cells.jsonl").read_text().splitlines()) == 2
     run_info = json.loads((run_dir / "run.json").read_text())
     assert run_info["tracking_error"] and "MLflow" in run_info["tracking_error"] + result.output
+    # Refused at once (nothing listens on port 9), not after MLflow's retries and their backoff.
+    assert "nothing listens at 127.0.0.1:9 (connection refused)" in run_info["tracking_error"]
     assert result.exit_code == 0
 
 

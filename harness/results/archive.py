@@ -73,13 +73,14 @@ class MlflowArchive:
     def __init__(self, tracking_uri: str) -> None:
 
         self.tracking_uri = tracking_uri
-        self.client = mlflow_client(tracking_uri)
+        self.client: Any = None  # opened by the first `runs`, where a store that cannot be reached is no history
         self.error: str | None = None  # why the store could not be read, when it could not
         self._parents: dict[str, Any] = {}  # results run id -> MLflow parent run
         self._cells: dict[str, list[CellResult]] = {}
 
     def runs(self, suite: str) -> list[RunInfo]:
         try:
+            self.client = self.client or mlflow_client(self.tracking_uri)
             experiment = self.client.get_experiment_by_name(suite)
             found = [] if experiment is None else self.client.search_runs(
                 [experiment.experiment_id], filter_string="tags.results_run_id != ''", max_results=5000)

@@ -1,6 +1,6 @@
 """What runs on the GPU node for one cell: launch, verify, evaluate, stop. Returns a CellOutcome.
 
-No Ray here: a Ray slot (`harness.run.ray.slots.GpuSlot`) calls `run_cell` with the node it runs on.
+No Ray here: a Ray slot (`harness.run.ray.slot_actor.GpuSlot`) calls `run_cell` with the node it runs on.
 """
 
 from __future__ import annotations

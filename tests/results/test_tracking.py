@@ -119,3 +119,22 @@ def test_a_child_tracker_that_dies_turns_tracking_off_with_the_reason_and_nothin
     assert tracker.log_cell(result("m.a", Status.PASS, accuracy=1.0, n=1), [answer(0, True)], {}, "") is None
     tracker.finish(info, {})  # still nothing raised
     tracker.close()
+
+
+def test_a_tracking_server_whose_port_refuses_is_no_history_and_no_wait():
+    """Nothing listens: the archive has no history and says why, the tracker turns off, both on the
+    harness's own probe (its message), before MLflow would retry the refused connection with backoff
+    (~4.6 s a call; its own message says "Max retries exceeded")."""
+    import socket
+
+    from harness.results.archive import MlflowArchive
+
+    with socket.socket() as probe:  # a port nothing listens on: bound, then closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    archive = MlflowArchive(f"http://127.0.0.1:{port}")
+    assert archive.runs("nightly") == [] and archive.cells("any") == []
+    tracker = Tracker(f"http://127.0.0.1:{port}")
+    tracker.connect("nightly")
+    for error in (archive.error, tracker.error):
+        assert error and f"nothing listens at 127.0.0.1:{port} (connection refused)" in error, error

@@ -1,5 +1,5 @@
-"""The GPUs a run holds: one `GpuSlot` actor per GPU, created as the queue needs them and given
-back as soon as nothing waits for them.
+"""The GPUs a run holds: one `GpuSlot` actor (`slot_actor`) per GPU, created as the queue needs
+them and given back as soon as nothing waits for them.
 
 Ray places each slot (`num_gpus=1`, pinned to a node); the pool tells the inventory which GPU on
 which node is idle, learns at once when a slot dies (its `vigil` call fails), replaces it while
@@ -8,62 +8,21 @@ its node is alive, and asks Ray for nodes that joined the cluster since the run 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import socket
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from harness.benchmark.base import ProtocolPlan
-from harness.records import CellOutcome
-from harness.run.cell import CellJob, run_cell
+from harness.run.ray.slot_actor import GpuSlot
 from harness.run.scheduling.inventory import Inventory
 from harness.run.scheduling.placement import Placement
 from harness.suite.matrix import Cell
 
 NODES_REFRESH_S = 5.0
-
-
-def node_id() -> str:
-    """The Ray node this runs on (hostnames repeat on simulated clusters), else the hostname."""
-    try:
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - outside a Ray worker there is no runtime context
-        return socket.gethostname()
-
-
-@ray.remote(num_cpus=0, num_gpus=1, max_restarts=0, max_concurrency=3)
-class GpuSlot:
-    """Holds one GPU for the driver from the moment Ray places it until the driver lets it go, so
-    cells start without waiting for a worker process, on GPUs the driver chose (see `packing`).
-
-    A tp-k cell runs in one of its k slots (the leader) with CUDA_VISIBLE_DEVICES naming all k;
-    the other k-1 hold their GPUs idle meanwhile. The server is the leader's child and carries a
-    parent-death signal, so killing the leader kills the server: one dead slot costs one cell.
-    Threads: `run` in one, `vigil` in another (the thread that started a server lives as long as
-    the actor, which is what PR_SET_PDEATHSIG watches)."""
-
-    def where(self) -> dict[str, str | None]:
-        # Ray's assignment, not CUDA_VISIBLE_DEVICES: a cluster may tell Ray not to set it. A CPU
-        # slot has no device id from Ray (None): the pool numbers its slots itself.
-        gpus = ray.get_gpu_ids()
-        return {"node": node_id(), "gpu": ",".join(str(gpu) for gpu in gpus) if gpus else None}
-
-    def vigil(self) -> None:
-        """Never returns: the driver waits on it to learn at once that an idle slot died."""
-        threading.Event().wait()
-
-    def run(self, job: CellJob, plan: ProtocolPlan) -> tuple[CellOutcome, str]:
-        with tempfile.TemporaryDirectory(prefix="regress-cell-") as log_dir:
-            return asyncio.run(run_cell(job, plan, Path(log_dir), node_id()))
 
 
 @dataclass
