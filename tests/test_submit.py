@@ -35,6 +35,22 @@ def test_entrypoint_is_quoted_and_relative_to_the_working_dir():
     assert env["env_vars"] == {"A": "1"} and env["working_dir"] == str(ROOT) and ".venv" in env["excludes"]
 
 
+def cluster_processes(ray_tmp: str) -> set[int]:
+    """The processes of the cluster under `ray_tmp`: those that carry it in their environment, and
+    those that hold a file under it open (the dashboard agent does not carry RAY_TMPDIR; left
+    running without its raylet, it spun a core at ~75% for over a minute)."""
+    found = set(processes_mentioning(ray_tmp))
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{entry}/fd"):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(ray_tmp):
+                            found.add(int(entry))
+                            break
+    return found
+
+
 @pytest.mark.slow
 def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # Unix socket paths must stay under 108 bytes
@@ -65,9 +81,9 @@ def test_submit_runs_the_suite_as_a_ray_job_and_returns_its_exit_code(tmp_path):
              "--num-questions", "30", "--no-tracking", "--results-dir", str(tmp_path / "results")],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=machine_s(300))
     finally:
-        # Only this cluster's processes (they carry its RAY_TMPDIR): `ray stop` would also stop the
-        # test session's own Ray, and every later test on it would lose its driver.
-        for pid in processes_mentioning(ray_tmp):
+        # Only this cluster's processes: `ray stop` would also stop the test session's own Ray, and
+        # every later test on it would lose its driver.
+        for pid in cluster_processes(ray_tmp):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert "submitted Ray job" in result.stdout
