@@ -97,18 +97,29 @@ def sglang_check(loaded: LoadedSuite, matrix: Matrix, data_source: str | None,
 
     spec = loaded.suite
     options = {"runtime_env": spec.cluster.runtime_env} if spec.cluster.runtime_env else {}
-    checked = []
+    # Every model's check at once (each imports sglang in a process of its own, ~7 CPU-seconds
+    # here): a cluster runs them side by side, where one after another they held up the first cell.
+
+    def skipped(model_id: str, error: Exception) -> None:
+        warn(f"sglang check skipped for {model_id}: {str(error).strip().splitlines()[-1][:300]}")
+
+    refs = {}
     for model in spec.models:
         cells = [cell for cell in matrix.cells if cell.model.id == model.id]
         if not cells:
             continue
         env = {**engine_of(loaded).environment(loaded, data_source), **model.env}
         try:
-            remote = _check_on_worker.options(**options).remote(spec.python, loaded, cells, MODELS_DIR, env,
-                                                                check_request(loaded, cells))
-            checked += ray.get(remote)
+            refs[model.id] = _check_on_worker.options(**options).remote(spec.python, loaded, cells, MODELS_DIR, env,
+                                                                       check_request(loaded, cells))
         except (ConfigError, InfraError, RayError) as error:
-            warn(f"sglang check skipped for {model.id}: {str(error).strip().splitlines()[-1][:300]}")
+            skipped(model.id, error)
+    checked = []
+    for model_id, ref in refs.items():
+        try:
+            checked += ray.get(ref)
+        except (ConfigError, InfraError, RayError) as error:
+            skipped(model_id, error)
     return without_refused(matrix, checked), {c.cell_id: c.predicted for c in checked if c.predicted}
 
 
