@@ -68,7 +68,6 @@ def run(
 
     Example: `regress run configs/demo.yaml` (the incident demo: 32 cells, 3 fail, exit 1).
     """
-    from harness.gate.stats import preload, preload_in_background
     from harness.results.reporting import warner
     from harness.results.store import ResultsStore
     from harness.results.tracking import default_tracking_uri
@@ -85,9 +84,7 @@ def run(
     if resume:  # before Ray starts: a bad id or a corrupt cells.jsonl is a configuration error
         ResultsStore.existing(results_dir, resume).cells()
     warn = warner(console)
-    preload_in_background()  # the gate's scipy (~1.5 s) while Ray starts, not before the first cell
     with ray_cluster(inputs.loaded, ray_address):
-        preload()
         inputs = on_cluster(inputs, request, warn)
         report = run_suite(inputs, options, console)
     raise typer.Exit(report.exit_code)

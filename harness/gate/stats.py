@@ -10,32 +10,12 @@ server, no reference, a floor) should not wait for it after its last answer.
 from __future__ import annotations
 
 import math
-import sys
-import threading
 from dataclasses import dataclass
-
-_preloading: threading.Thread | None = None
-
-
-def preload_in_background() -> None:
-    """Start importing scipy's stats in a thread, once, for a caller that is about to wait on
-    something else (the driver, on Ray's start-up: Ray imports no scipy, so the two imports cannot
-    lock each other). `preload` then waits for it."""
-    global _preloading
-    if _preloading is None and "scipy.stats" not in sys.modules:
-        _preloading = threading.Thread(target=_import_scipy_stats, name="regress-preload-scipy", daemon=True)
-        _preloading.start()
 
 
 def preload() -> None:
-    """Import scipy now (or wait for `preload_in_background` to finish): a long-running caller (the
-    driver) would rather not pay for it in the middle of its scheduling loop, at the first verdict."""
-    if _preloading is not None:
-        _preloading.join()
-    _import_scipy_stats()
-
-
-def _import_scipy_stats() -> None:
+    """Import scipy now: a long-running caller (the driver) would rather not pay for it in the
+    middle of its scheduling loop, at the first verdict."""
     import scipy.stats  # noqa: F401
 
 
