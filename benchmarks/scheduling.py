@@ -231,7 +231,8 @@ def main() -> None:
                         help="run cells that failed last time first (cluster.failed_first, as PR jobs do)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the suite, world and results here instead of a temporary folder")
-    parser.add_argument("--quick", action="store_true", help="2 models (tp 1 and 4) x 2 backends, unified memory on, on 1 node, 160 questions, "
+    parser.add_argument("--quick", action="store_true",
+                        help="2 models (tp 1 and 4) x 2 backends, unified memory on, on 1 node, 160 questions, "
                              "0.04 s per real minute: that it runs, not figures to quote")
     parser.add_argument("--matrix-seed", type=int, default=None,
                         help="draw a matrix the scheduler was not tuned on from this seed (see the docstring)")
@@ -250,7 +251,7 @@ def main() -> None:
                            *((QUICK_BACKENDS, QUICK_UNIFIED_MEMORY, QUICK_QUESTIONS) if arguments.quick
                              else (BACKENDS, UNIFIED_MEMORY, QUESTIONS)))
         print(f"models (tp): {tps} on {NODES} nodes x {GPUS_PER_NODE} GPUs")
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False})
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
         for _ in range(NODES):
             cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)

@@ -37,9 +37,14 @@ def mlflow_client(tracking_uri: str) -> Any:
 def _refuse_if_nothing_listens(tracking_uri: str, timeout_s: float = 2.0) -> None:
     """ConnectionRefusedError when a tracking server's port refuses connections: MLflow would
     retry that with backoff (~4.6 s a call, measured) although nothing is listening. A port that
-    does not answer in `timeout_s`, or a name that does not resolve, is left to MLflow's retries."""
+    does not answer in `timeout_s`, a name that does not resolve, and a server reached through a
+    proxy (HTTP_PROXY and the like: this probe would not go through it) are left to MLflow."""
+    from urllib.request import getproxies, proxy_bypass
+
     parts = urlsplit(tracking_uri)
     if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    if getproxies().get(parts.scheme) and not proxy_bypass(parts.hostname):
         return
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:

@@ -3,6 +3,7 @@ while RUNNING is adopted on the next resume or sync, never joined by a second on
 
 from __future__ import annotations
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from harness.records import Status
@@ -138,3 +139,23 @@ def test_a_tracking_server_whose_port_refuses_is_no_history_and_no_wait():
     tracker.connect("nightly")
     for error in (archive.error, tracker.error):
         assert error and f"nothing listens at 127.0.0.1:{port} (connection refused)" in error, error
+
+
+def test_a_tracking_server_behind_a_proxy_is_left_to_mlflow(monkeypatch):
+    """The probe connects directly: a server reached through a proxy is not judged by it."""
+    import socket
+
+    from harness.results.mlflow_layout import _refuse_if_nothing_listens
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConnectionRefusedError, match="nothing listens"):
+        _refuse_if_nothing_listens(f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    _refuse_if_nothing_listens(f"http://127.0.0.1:{port}")  # no error: MLflow goes through the proxy
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    with pytest.raises(ConnectionRefusedError):
+        _refuse_if_nothing_listens(f"http://127.0.0.1:{port}")
