@@ -56,7 +56,7 @@ GPUS_PER_NODE, NODES = 8, 2
 QUESTIONS = 320
 BACKENDS, UNIFIED_MEMORY = ("triton", "fa3", "flashinfer"), ("off", "on")
 # --quick: that every path runs (both runs, the early-stop rerun), not figures to quote.
-QUICK_BACKENDS, QUICK_UNIFIED_MEMORY, QUICK_QUESTIONS = ("triton", "fa3"), ("on",), 160
+QUICK = {"backends": ("triton", "fa3"), "unified_memory": ("on",), "questions": 160}
 
 
 def generated_matrix(seed: int) -> list[tuple[int, str, tuple[float, float], tuple[float, float]]]:
@@ -248,8 +248,7 @@ def main() -> None:
         arguments.keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() if arguments.keep is None else contextlib.nullcontext(arguments.keep) as folder:
         suite, tps = setup(Path(folder), scale, arguments.failed_first, tps, arguments.matrix_seed,
-                           *((QUICK_BACKENDS, QUICK_UNIFIED_MEMORY, QUICK_QUESTIONS) if arguments.quick
-                             else (BACKENDS, UNIFIED_MEMORY, QUESTIONS)))
+                           **(QUICK if arguments.quick else {}))
         print(f"models (tp): {tps} on {NODES} nodes x {GPUS_PER_NODE} GPUs")
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
         for _ in range(NODES):

@@ -126,13 +126,10 @@ def test_a_tracking_server_whose_port_refuses_is_no_history_and_no_wait():
     """Nothing listens: the archive has no history and says why, the tracker turns off, both on the
     harness's own probe (its message), before MLflow would retry the refused connection with backoff
     (~4.6 s a call; its own message says "Max retries exceeded")."""
-    import socket
-
+    from harness.engine.server import free_port
     from harness.results.archive import MlflowArchive
 
-    with socket.socket() as probe:  # a port nothing listens on: bound, then closed
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # bound, then closed: nothing listens on it
     archive = MlflowArchive(f"http://127.0.0.1:{port}")
     assert archive.runs("nightly") == [] and archive.cells("any") == []
     tracker = Tracker(f"http://127.0.0.1:{port}")
@@ -143,13 +140,10 @@ def test_a_tracking_server_whose_port_refuses_is_no_history_and_no_wait():
 
 def test_a_tracking_server_behind_a_proxy_is_left_to_mlflow(monkeypatch):
     """The probe connects directly: a server reached through a proxy is not judged by it."""
-    import socket
-
+    from harness.engine.server import free_port
     from harness.results.mlflow_layout import _refuse_if_nothing_listens
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConnectionRefusedError, match="nothing listens"):
