@@ -185,11 +185,12 @@ def check(
 
     from rich.table import Table
 
-    from harness.engine.check import MODELS_DIR, check_cells
+    from harness.engine.check import MODELS_DIR, check_cells, check_groups
 
     loaded, matrix = load_matrix(suite, selection)
     started = time.monotonic()
-    checked = check_cells(python or sys.executable, loaded, list(matrix.cells), models_dir or MODELS_DIR, gpu)
+    checked = [item for env, cells in check_groups(list(matrix.cells), {})
+               for item in check_cells(python or sys.executable, loaded, cells, models_dir or MODELS_DIR, gpu, env)]
     table = Table(title=f"{loaded.suite.suite}: {len(checked)} cells against sglang "
                         f"{checked[0].sglang_version if checked else '?'}", header_style="bold")
     table.add_column("cell", no_wrap=True)

@@ -39,6 +39,18 @@ def check_request(loaded: LoadedSuite, cells: list[Cell]) -> list[dict[str, obje
     return [{"cell_id": cell.cell_id, "argv": planned_argv(loaded, cell)} for cell in cells]
 
 
+def check_groups(cells: list[Cell], base_env: dict[str, str]) -> list[tuple[dict[str, str], list[Cell]]]:
+    """The cells one check process can answer for together: the same environment (`base_env`, then
+    the model's, then the cell's) and the same GPU kind. A suite's models usually share both, so
+    they share one sglang import (~7 CPU-seconds each here) instead of one per model."""
+    groups: dict[tuple, tuple[dict[str, str], list[Cell]]] = {}
+    for cell in cells:
+        env = {**base_env, **cell.model.env, **cell.env}
+        key = (tuple(sorted(env.items())), cell.model.gpu_type)
+        groups.setdefault(key, (env, []))[1].append(cell)
+    return list(groups.values())
+
+
 def check_cells(python: str, loaded: LoadedSuite, cells: list[Cell], models_dir: Path | None = MODELS_DIR,
                 gpu: str | None = None, env: dict[str, str] | None = None,
                 request: list[dict[str, object]] | None = None) -> list[CheckedCell]:

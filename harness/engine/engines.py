@@ -14,6 +14,7 @@ sglang's flags and serves its routes). Adding one is one module with a subclass 
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -81,7 +82,7 @@ class Engine:
         runtime_env = {**spec.cluster.runtime_env, "pip": [build.format(commit=commit)]}
         cluster = spec.cluster.model_copy(update={"runtime_env": runtime_env})
         probe_loaded = loaded.model_copy(update={"suite": spec.model_copy(update={"cluster": cluster})})
-        return probe_loaded, Cell(cell.cell_id, cell.model, cell.factors, cell.flags, cell.expected, None)
+        return probe_loaded, replace(cell, reference_cell=None)
 
 
 class SglangEngine(Engine):
@@ -129,7 +130,7 @@ class SimEngine(Engine):
 
     def at_commit(self, loaded: LoadedSuite, cell: Cell, commit: str, build: str) -> tuple[LoadedSuite, Cell]:
         model = cell.model.model_copy(update={"env": {**cell.model.env, "REGRESS_SIM_COMMIT": commit}})
-        return loaded, Cell(cell.cell_id, model, cell.factors, cell.flags, cell.expected, None)
+        return loaded, replace(cell, model=model, reference_cell=None)
 
 
 ENGINES: Registry[Engine] = Registry("engine")

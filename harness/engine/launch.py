@@ -65,7 +65,7 @@ class LaunchSpec:
 
     def environment(self) -> dict[str, str]:
         """Variables added to the inherited environment: the suite's, then the model's, then the
-        cell's GPUs (the scheduler's choice wins over anything inherited). On `cpu`, sglang's CPU
+        cell's (its custom axis values), then the cell's GPUs (the scheduler's choice wins over anything inherited). On `cpu`, sglang's CPU
         engine, each tp rank's threads bound to one of the cell's slots (core numbers)."""
         if self.platform == "cpu":
             devices = {"SGLANG_USE_CPU_ENGINE": "1"}
@@ -73,7 +73,7 @@ class LaunchSpec:
                 devices["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(self.devices)
         else:
             devices = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices is not None else {}
-        return {**self.env, **self.cell.model.env, **devices}
+        return {**self.env, **self.cell.model.env, **self.cell.env, **devices}
 
 
 def default_python(configured: str | None) -> str:

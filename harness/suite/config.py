@@ -58,6 +58,7 @@ CPU_SLOT_RESOURCE = "regress_cpu_slot"
 # Custom axes go into cell ids, which name files and MLflow runs: nothing that can leave a folder.
 CUSTOM_AXIS_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 AXIS_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ClusterSpec(Strict):
@@ -289,7 +290,8 @@ def normalise_axis(name: str, values: Any) -> Any:
     """Check one axis and return its canonical form.
 
     A registered axis (`harness.suite.axes`) is a list of values; any other axis is a mapping from
-    a value name to the list of server flags that value adds (a named flag set).
+    a value name to the server flags that value adds (a named flag set) and, optionally, the
+    environment variables its server gets: canonical `{value: {"flags": [...], "env": {...}}}`.
     """
     axis = AXES.find(name)
     if axis is not None:
@@ -306,18 +308,39 @@ def normalise_axis(name: str, values: Any) -> Any:
         return out
     if not isinstance(values, dict) or not values:
         raise ValueError(f"axes.{name}: a custom axis must map value names to lists of server flags, "
-                         f"e.g. {{none: [], tbo: [--enable-two-batch-overlap]}}; built-in axes: "
+                         f"e.g. {{none: [], tbo: [--enable-two-batch-overlap]}} (or to "
+                         f"{{flags: [...], env: {{NAME: value}}}}); built-in axes: "
                          f"{', '.join(AXES)}" + did_you_mean(name, list(AXES)))
     if not CUSTOM_AXIS_NAME.fullmatch(name):
         raise ValueError(f"axes.{name!r}: a custom axis name is lowercase letters, digits and '_', starting with a "
                          "letter (it names MLflow params and cell ids)")
-    for value_name, flags in values.items():
+    out_values: dict[str, dict[str, Any]] = {}
+    for value_name, setting in values.items():
         if not isinstance(value_name, str) or not AXIS_VALUE.fullmatch(value_name):
             raise ValueError(f"axes.{name}: value {value_name!r} must be letters, digits, '.', '_' or '-', starting "
                              "with a letter or digit, at most 64 characters (cell ids name files)")
-        if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
-            raise ValueError(f"axes.{name}.{value_name}: must be a list of flag strings")
-    return {str(k): list(v) for k, v in values.items()}
+        out_values[value_name] = _custom_value(f"axes.{name}.{value_name}", setting)
+    return out_values
+
+
+def _custom_value(where: str, setting: Any) -> dict[str, Any]:
+    """One custom axis value in its canonical form `{"flags": [...], "env": {...}}`, from a flag list
+    or a mapping with `flags` and/or `env` (sglang reads many switches from its environment:
+    SGLANG_* variables)."""
+    flags, env = setting, {}
+    if isinstance(setting, dict):
+        unknown = sorted(set(setting) - {"flags", "env"})
+        if unknown:
+            raise ValueError(f"{where}.{unknown[0]}: unknown key; allowed: flags, env"
+                             + did_you_mean(unknown[0], ["flags", "env"]))
+        flags, env = setting.get("flags", []), setting.get("env", {})
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ValueError(f"{where}: must be a list of flag strings, or {{flags: [...], env: {{NAME: value}}}}")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise ValueError(f"{where}.env: must map variable names (letters, digits, '_', not starting with a digit) "
+                         "to strings (quote numbers and on/off)")
+    return {"flags": list(flags), "env": dict(env)}
 
 
 def axis_value_names(values: Any) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,9 @@ class Cell:
     # Server-info fields (sglang's own names) and the values the flags must resolve to.
     expected: dict[str, Any]
     reference_cell: str | None = None
+    # Variables the cell's custom axis values set, over the model's `env` (they are not verifiable:
+    # a server does not report its environment).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_reference(self) -> bool:
@@ -74,13 +77,14 @@ def cell_id_for(model_id: str, factors: dict[str, str]) -> str:
     return ".".join(parts)
 
 
-def flags_for(axis: str, value: str, axis_spec: Any) -> tuple[list[str], dict[str, Any]]:
-    """The server flags one factor value adds, and the resolved server fields it implies."""
+def flags_for(axis: str, value: str, axis_spec: Any) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """The server flags one factor value adds, the resolved server fields they imply, and the
+    environment variables it sets (custom axes only)."""
     registered = AXES.find(axis)
     if registered is not None:
-        return registered.flags(value), registered.expected(value)
-    flags = list(axis_spec[value])
-    return flags, expectations_from_flags(flags)
+        return registered.flags(value), registered.expected(value), {}
+    flags = list(axis_spec[value]["flags"])
+    return flags, expectations_from_flags(flags), dict(axis_spec[value]["env"])
 
 
 def expectations_from_flags(flags: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -141,11 +145,13 @@ def expand(suite: Suite, attention_backends: tuple[str, ...] = SGLANG_ATTENTION_
                 continue
             flags: list[str] = []
             expected: dict[str, Any] = {"tp_size": model.tp}
+            env: dict[str, str] = {}
             for axis, value in factors.items():
-                axis_flags, axis_expected = flags_for(axis, value, suite.axes[axis])
+                axis_flags, axis_expected, axis_env = flags_for(axis, value, suite.axes[axis])
                 flags += axis_flags
                 expected.update(axis_expected)
-            cells.append(Cell(cell_id, model, factors, tuple(flags), expected))
+                env.update(axis_env)
+            cells.append(Cell(cell_id, model, factors, tuple(flags), expected, env=env))
     return Matrix(tuple(_pair_references(suite, cells, skipped)), tuple(skipped))
 
 
@@ -172,8 +178,7 @@ def _pair_references(suite: Suite, cells: list[Cell], skipped: list[SkippedCell]
             raise ConfigError(
                 f"baseline: the reference cell {reference} of {cell.cell_id} is excluded ({why}); "
                 "change `baseline` or the exclude rules so every model keeps its reference cell")
-        paired.append(Cell(cell.cell_id, cell.model, cell.factors, cell.flags, cell.expected,
-                           None if reference == cell.cell_id else reference))
+        paired.append(replace(cell, reference_cell=None if reference == cell.cell_id else reference))
     # Reference cells run first: every other cell of the model is compared with them.
     return sorted(paired, key=lambda c: not c.is_reference)
 

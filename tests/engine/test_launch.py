@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -74,9 +75,12 @@ def test_mismatch_logic_for_every_nightly_cell(cell):
         f"tp_size: requested {cell.model.tp}, not reported by the server"]
 
 
-def test_environment_is_suite_then_model_and_python_defaults_to_the_driver():
+def test_environment_is_suite_then_model_then_cell_and_python_defaults_to_the_driver():
     cell = CELLS[0]
     assert spec(cell).environment() == {"SUITE_VAR": "1", **cell.model.env}
+    model = cell.model.model_copy(update={"env": {"SUITE_VAR": "model", "M": "model"}})
+    axis_set = replace(cell, model=model, env={"M": "cell", "C": "cell"})
+    assert spec(axis_set).environment() == {"SUITE_VAR": "model", "M": "cell", "C": "cell"}
     from harness.engine.launch import default_python
 
     assert default_python(None) == sys.executable and default_python("/x/python") == "/x/python"

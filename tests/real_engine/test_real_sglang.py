@@ -6,8 +6,9 @@ sglang here, so the tests share one run):
   radix-on passes the teacher-forced divergence test against radix-off;
 - a backend that sglang silently replaces is `mismatch` at plan time with no server started;
 - a scheduler that crashes is an `error` at once;
-- the incident's class of bug, planted in a model of its own (wrong KV rows read on prefix-cache
-  hits), fails its radix-on cell by teacher-forced divergence while every cell scores 0 on GSM8K;
+- the incident's class of bug, planted by a custom axis value that sets the server's environment
+  (wrong KV rows read on prefix-cache hits), fails its radix-on cell by teacher-forced divergence
+  against the healthy radix-off reference while every cell scores 0 on GSM8K;
 - nothing is left running, no stop logs a crash, no stand-in function runs.
 
 Needs the environment `make sglang-env` builds (part of `make test`)."""
@@ -77,41 +78,38 @@ class RealRun:
     leftover: list[str]
 
 
-CLEAN = "tiny.ab-torch_native.rc-on", "tiny.ab-torch_native.rc-off", "tiny-tp2.ab-torch_native.rc-off"
-REPLACED = "tiny.ab-intel_amx.rc-on", "tiny.ab-intel_amx.rc-off"
-PLANTED, PLANTED_REFERENCE = "planted.ab-torch_native.rc-on", "planted.ab-torch_native.rc-off"
-CRASHED = "crash.ab-torch_native.rc-off"
+CLEAN = ("tiny.ab-torch_native.rc-on.plant-none", "tiny.ab-torch_native.rc-off.plant-none",
+         "tiny-tp2.ab-torch_native.rc-off.plant-none")
+REPLACED = "tiny.ab-intel_amx.rc-on.plant-none", "tiny.ab-intel_amx.rc-off.plant-none"
+PLANTED, PLANTED_REFERENCE = "tiny.ab-torch_native.rc-on.plant-prefix_kv", "tiny.ab-torch_native.rc-off.plant-none"
+CRASHED = "tiny.ab-torch_native.rc-off.plant-scheduler_crash"
 
 
 @pytest.fixture(scope="module")
 def real_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
-    """Six real servers (radix on and off for `tiny` and for `planted`, one of tp 2, one that
-    crashes) and two cells decided at plan time, in one `regress run`; reference: radix cache off."""
+    """Five real servers (radix on and off, one of tp 2, one with the prefix-KV plant, one that
+    crashes) and two cells decided at plan time, in one `regress run`; reference: radix cache off,
+    no plant. The plants are values of a custom axis that sets the server's environment, as a suite
+    would switch one of sglang's SGLANG_* variables."""
     tmp_path = tmp_path_factory.mktemp("real-run")
     models = """  - id: tiny
     path: {model}
     floor: 0.0
     startup_timeout_s: {startup}
-    env: {{REGRESS_STAND_IN_LOG: "{log}"}}
+    env: {{REGRESS_STAND_IN_LOG: "{log}", PYTHONPATH: "{plants}"}}
   - id: tiny-tp2
     path: {model}
     tp: 2
     floor: 0.0
     startup_timeout_s: {startup}
-    env: {{REGRESS_STAND_IN_LOG: "{log}"}}
-  - id: planted
-    path: {model}
-    floor: 0.0
-    startup_timeout_s: {startup}
-    env: {{REGRESS_PLANT: prefix_kv, PYTHONPATH: "{plants}"}}
-  - id: crash
-    path: {model}
-    floor: 0.0
-    startup_timeout_s: {startup}
-    env: {{REGRESS_PLANT: scheduler_crash, PYTHONPATH: "{plants}"}}"""
-    axes = "  attention_backend: [torch_native, intel_amx]\n  radix_cache: [on, off]"
-    extra = ("exclude:\n  - {model: [tiny-tp2, planted, crash], attention_backend: intel_amx}\n"
-             "  - {model: [tiny-tp2, crash], radix_cache: on}\n"
+    env: {{REGRESS_STAND_IN_LOG: "{log}", PYTHONPATH: "{plants}"}}"""
+    axes = ("  attention_backend: [torch_native, intel_amx]\n  radix_cache: [on, off]\n"
+            "  plant: {none: [], prefix_kv: {env: {REGRESS_PLANT: prefix_kv}},"
+            " scheduler_crash: {env: {REGRESS_PLANT: scheduler_crash}}}")
+    extra = ("exclude:\n  - {plant: [prefix_kv, scheduler_crash], attention_backend: intel_amx}\n"
+             "  - {plant: prefix_kv, radix_cache: off}\n  - {plant: scheduler_crash, radix_cache: on}\n"
+             "  - {model: tiny-tp2, attention_backend: intel_amx}\n  - {model: tiny-tp2, radix_cache: on}\n"
+             "  - {model: tiny-tp2, plant: [prefix_kv, scheduler_crash]}\n"
              "baseline: {attention_backend: torch_native, radix_cache: off}")
     results = tmp_path / "results"
     result = invoke("run", str(cpu_suite(tmp_path, tiny_model, models, axes, extra)), "--results-dir", str(results),
@@ -124,7 +122,7 @@ def real_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
 
 def test_the_run_judges_every_cell_leaves_nothing_running_and_calls_no_stand_in(real_run):
     assert {c for c, r in real_run.cells.items() if r.status is not Status.SKIPPED} == {
-        *CLEAN, *REPLACED, PLANTED, PLANTED_REFERENCE, CRASHED}  # the rest: excluded
+        *CLEAN, *REPLACED, PLANTED, CRASHED}  # the rest: excluded
     assert real_run.exit_code == 1, real_run.output  # the planted cell: a regression
     assert real_run.leftover == []
     assert not real_run.stand_in_log.exists()  # no stand-in function was ever called
@@ -135,7 +133,7 @@ def test_regress_run_serves_a_cpu_matrix_on_real_sglang(real_run):
         cell = real_run.cells[cell_id]
         assert cell.status is Status.PASS, cell.reason
         assert cell.n == 6 and cell.server_version == "0.5.23" and cell.resolved["attention_backend"] == "torch_native"
-        assert cell.resolved["disable_radix_cache"] is cell_id.endswith("rc-off")
+        assert cell.resolved["disable_radix_cache"] is (".rc-off." in cell_id)
         assert cell.resolved["tp_size"] == (2 if cell_id.startswith("tiny-tp2") else 1)
         assert cell.args[cell.args.index("--device") + 1] == "cpu" and "--sleep-on-idle" in cell.args
         # The plan-time check described the CPU platform, so it predicted what the server resolved
@@ -146,12 +144,12 @@ def test_regress_run_serves_a_cpu_matrix_on_real_sglang(real_run):
         assert "crashed with exit code" not in log  # the launcher was stopped first, gracefully
         cached = [q.cached_tokens for q in questions_of(real_run.run_dir, cell_id)]
         assert None not in cached  # sglang reported them (--enable-cache-report)
-        if cell_id.endswith("rc-on"):  # the few-shot prefix was served from the radix cache
+        if ".rc-on." in cell_id:  # the few-shot prefix was served from the radix cache
             assert sum(tokens > 0 for tokens in cached) >= 1, cached
         else:
             assert set(cached) == {0}, cached
     # Healthy radix-on against its radix-off reference: the teacher-forced test ran and found nothing.
-    healthy = real_run.cells["tiny.ab-torch_native.rc-on"]
+    healthy = real_run.cells["tiny.ab-torch_native.rc-on.plant-none"]
     assert healthy.divergence_n == 6 and healthy.divergence_share <= 1 / 3, healthy.reason
 
 

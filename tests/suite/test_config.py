@@ -115,6 +115,26 @@ def test_custom_axis_must_be_named_flag_sets(tmp_path):
     assert "axes.overlap" in message and "--enable-two-batch-overlap" in message
 
 
+def test_a_custom_axis_value_sets_flags_and_env_and_is_stored_in_one_form(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD + "  jit: {none: [], dg: {env: {SGLANG_ENABLE_JIT_DEEPGEMM: '1'}}, "
+                           "tbo: [--enable-two-batch-overlap]}\n")
+    assert load_suite(path).suite.axes["jit"] == {
+        "none": {"flags": [], "env": {}}, "dg": {"flags": [], "env": {"SGLANG_ENABLE_JIT_DEEPGEMM": "1"}},
+        "tbo": {"flags": ["--enable-two-batch-overlap"], "env": {}}}
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("{envs: {A: '1'}}", "axes.jit.dg.envs: unknown key; allowed: flags, env (did you mean 'env'?)"),
+    ("{env: {A: 1}}", "axes.jit.dg.env: must map variable names"),
+    ("{env: {'A-B': '1'}}", "axes.jit.dg.env: must map variable names"),
+    ("{flags: --x}", "axes.jit.dg: must be a list of flag strings"),
+])
+def test_a_bad_custom_axis_value_names_its_key(tmp_path, value, said):
+    message = refused(tmp_path, GOOD + f"  jit: {{none: [], dg: {value}}}\n")
+    assert said in message, message
+
+
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read suite file"):
         load_suite(tmp_path / "absent.yaml")

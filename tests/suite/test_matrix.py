@@ -54,6 +54,24 @@ def test_chunked_prefill_values():
 def test_custom_axis_adds_its_flag_set():
     matrix = expand(suite(axes={"overlap": {"none": [], "tbo": ["--enable-two-batch-overlap"]}}, baseline={}))
     assert matrix.by_id()["dsv2.overlap-tbo"].flags == ("--enable-two-batch-overlap",)
+    assert matrix.by_id()["dsv2.overlap-tbo"].env == {}
+
+
+def test_a_custom_axis_value_can_set_the_servers_environment():
+    """sglang reads many switches from SGLANG_* variables: a custom axis value may set them, over the
+    model's env, with or without flags; the reference (first value) gets none of them."""
+    models = [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "env": {"A": "model", "B": "model"}}]
+    matrix = expand(suite(models=models, baseline={}, axes={
+        "radix_cache": ["off", "on"],
+        "jit": {"none": [], "deepgemm": {"env": {"B": "axis", "SGLANG_ENABLE_JIT_DEEPGEMM": "1"}},
+                "both": {"flags": ["--enable-two-batch-overlap"], "env": {"C": "axis"}}}}))
+    cells = matrix.by_id()
+    deepgemm = cells["dsv2.rc-on.jit-deepgemm"]
+    assert deepgemm.flags == () and deepgemm.env == {"B": "axis", "SGLANG_ENABLE_JIT_DEEPGEMM": "1"}
+    assert deepgemm.reference_cell == "dsv2.rc-off.jit-none" and cells["dsv2.rc-off.jit-none"].env == {}
+    both = cells["dsv2.rc-on.jit-both"]
+    assert both.flags == ("--enable-two-batch-overlap",) and both.env == {"C": "axis"}
+    assert both.expected["enable_two_batch_overlap"] is True  # flags are verified as before; env cannot be
 
 
 def test_reference_cells_come_first_and_pair_by_model():

@@ -93,33 +93,30 @@ def sglang_check(loaded: LoadedSuite, matrix: Matrix, data_source: str | None,
     """Ask the sglang the workers will run which cells it refuses, before any GPU is held: those are
     `skipped` with sglang's message. Returns the matrix left and each cell's predicted fields. A check
     that cannot run (no sglang on the worker yet, say) is a warning, never a reason to stop."""
-    from harness.engine.check import MODELS_DIR, check_request, without_refused
+    from harness.engine.check import MODELS_DIR, check_groups, check_request, without_refused
 
     spec = loaded.suite
     options = {"runtime_env": spec.cluster.runtime_env} if spec.cluster.runtime_env else {}
-    # Every model's check at once (each imports sglang in a process of its own, ~7 CPU-seconds
-    # here): a cluster runs them side by side, where one after another they held up the first cell.
+    # One check per environment the cells run in (most suites: one), all at once: each imports sglang
+    # in a process of its own (~7 CPU-seconds here); one after another they held up the first cell.
 
-    def skipped(model_id: str, error: Exception) -> None:
-        warn(f"sglang check skipped for {model_id}: {str(error).strip().splitlines()[-1][:300]}")
+    def skipped(cells: list, error: Exception) -> None:
+        models = ", ".join(dict.fromkeys(cell.model.id for cell in cells))
+        warn(f"sglang check skipped for {models}: {str(error).strip().splitlines()[-1][:300]}")
 
-    refs = {}
-    for model in spec.models:
-        cells = [cell for cell in matrix.cells if cell.model.id == model.id]
-        if not cells:
-            continue
-        env = {**engine_of(loaded).environment(loaded, data_source), **model.env}
+    refs = []
+    for env, cells in check_groups(list(matrix.cells), engine_of(loaded).environment(loaded, data_source)):
         try:
-            refs[model.id] = _check_on_worker.options(**options).remote(spec.python, loaded, cells, MODELS_DIR, env,
-                                                                       check_request(loaded, cells))
+            refs.append((cells, _check_on_worker.options(**options).remote(spec.python, loaded, cells, MODELS_DIR,
+                                                                          env, check_request(loaded, cells))))
         except (ConfigError, InfraError, RayError) as error:
-            skipped(model.id, error)
+            skipped(cells, error)
     checked = []
-    for model_id, ref in refs.items():
+    for cells, ref in refs:
         try:
             checked += ray.get(ref)
         except (ConfigError, InfraError, RayError) as error:
-            skipped(model_id, error)
+            skipped(cells, error)
     return without_refused(matrix, checked), {c.cell_id: c.predicted for c in checked if c.predicted}
 
 
