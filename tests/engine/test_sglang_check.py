@@ -3,6 +3,8 @@ every shipped suite passes it, and a cell sglang refuses is named with sglang's 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,21 +25,46 @@ def sglang_python() -> str:
     return str(SGLANG_PYTHON)
 
 
+def shipped(suite: str, _: Path) -> tuple[Path, str | None]:
+    return ROOT / "configs" / f"{suite}.yaml", None
+
+
+def with_two_batch_overlap_at_tp_1(folder: Path) -> tuple[Path, str | None]:
+    """The nightly matrix before this check: two-batch overlap at tp 1 without attention DP."""
+    suite = yaml.safe_load((ROOT / "configs" / "nightly.yaml").read_text())
+    suite["axes"]["wrapper"]["two-batch-overlap"] = ["--enable-two-batch-overlap"]
+    (folder / "nightly.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    return folder / "nightly.yaml", "model=deepseek-v2-lite,attention_backend=triton,wrapper=two-batch-overlap"
+
+
+def with_an_unknown_flag(folder: Path) -> tuple[Path, str | None]:
+    (folder / "s.yaml").write_text("suite: s\nengine: sglang\nmodels: [{id: m, path: deepseek-ai/DeepSeek-V2-Lite-Chat, "
+                                   "extra_args: [--no-such-flag]}]\n")
+    return folder / "s.yaml", None
+
+
+SUITES = {"nightly": partial(shipped, "nightly"), "pr": partial(shipped, "pr"),
+          "two-batch-overlap": with_two_batch_overlap_at_tp_1, "unknown-flag": with_an_unknown_flag}
+
+
 @pytest.fixture(scope="module")
-def shipped_checks(sglang_python) -> dict:
-    """suite name -> (its cells, what the pinned sglang says of each): one check per shipped suite
-    (sglang's import, ~10 s, is paid once per check) for every test here that reads them."""
-    found = {}
-    for suite in ("nightly", "pr"):
-        loaded = load_suite(ROOT / "configs" / f"{suite}.yaml")
-        cells = list(expand(loaded.suite).cells)
-        found[suite] = (cells, {c.cell_id: c for c in check_cells(sglang_python, loaded, cells)})
-    return found
+def checks(sglang_python, tmp_path_factory) -> dict[str, tuple[list, dict]]:
+    """name -> (the suite's cells, what the pinned sglang says of each) for every suite in SUITES:
+    one check process each (sglang's import, ~7-10 s of CPU, is paid once per check), two side by
+    side, for every test here that reads them."""
+    def check(name: str) -> tuple[list, dict]:
+        path, selection = SUITES[name](tmp_path_factory.mktemp(name))
+        loaded = load_suite(path)
+        cells = list(select(expand(loaded.suite), selection).cells)
+        return cells, {c.cell_id: c for c in check_cells(sglang_python, loaded, cells)}
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(SUITES, pool.map(check, SUITES), strict=True))
 
 
 @pytest.mark.parametrize("suite", ["nightly", "pr"])
-def test_every_shipped_sglang_suite_passes_the_real_sglang_check(shipped_checks, suite):
-    cells, checked = shipped_checks[suite]
+def test_every_shipped_sglang_suite_passes_the_real_sglang_check(checks, suite):
+    cells, checked = checks[suite]
     assert sorted(checked) == sorted(c.cell_id for c in cells)
     assert {c.sglang_version for c in checked.values()} == {"0.5.23"}
     assert [c.cell_id for c in checked.values() if c.refused] == []
@@ -48,8 +75,8 @@ def test_every_shipped_sglang_suite_passes_the_real_sglang_check(shipped_checks,
             k: predicted[k] for k in cell.expected if k in predicted}, cell.cell_id
 
 
-def test_sglang_picks_fa3_for_kimi_linear_on_an_h200_when_no_backend_is_asked(shipped_checks):
-    cells, checked = shipped_checks["nightly"]
+def test_sglang_picks_fa3_for_kimi_linear_on_an_h200_when_no_backend_is_asked(checks):
+    cells, checked = checks["nightly"]
     chosen = select(Matrix(tuple(cells), ()), "model=kimi-linear,attention_backend=default,chunked_prefill=default,"
                                               "wrapper=none,unified_memory=off,radix_cache=on")
     default = next(c for c in chosen.cells if c.factors["attention_backend"] == "default")
@@ -57,14 +84,9 @@ def test_sglang_picks_fa3_for_kimi_linear_on_an_h200_when_no_backend_is_asked(sh
     assert checked[default.cell_id].predicted["mamba_radix_cache_strategy"] == "extra_buffer"
 
 
-def test_a_cell_sglang_refuses_carries_its_message(sglang_python, tmp_path: Path):
+def test_a_cell_sglang_refuses_carries_its_message(checks):
     """The nightly matrix before this check: two-batch overlap at tp 1 without attention DP."""
-    suite = yaml.safe_load((ROOT / "configs" / "nightly.yaml").read_text())
-    suite["axes"]["wrapper"]["two-batch-overlap"] = ["--enable-two-batch-overlap"]
-    (tmp_path / "nightly.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
-    loaded = load_suite(tmp_path / "nightly.yaml")
-    matrix = select(expand(loaded.suite), "model=deepseek-v2-lite,attention_backend=triton,wrapper=two-batch-overlap")
-    checked = {c.cell_id: c for c in check_cells(sglang_python, loaded, list(matrix.cells))}
+    _, checked = checks["two-batch-overlap"]
     refused = [c for c in checked.values() if c.refused]
     assert len(refused) == 4 and all(c.stage == "check" for c in refused)
     assert all("two batch overlap without an EP a2a backend" in c.refused and "attention DP" in c.refused
@@ -72,11 +94,8 @@ def test_a_cell_sglang_refuses_carries_its_message(sglang_python, tmp_path: Path
     assert not checked["deepseek-v2-lite.ab-triton.um-off.rc-on.cp-default.wrapper-none"].refused  # its reference
 
 
-def test_an_unknown_flag_is_refused_at_argparse(sglang_python, tmp_path: Path):
-    (tmp_path / "s.yaml").write_text("suite: s\nengine: sglang\nmodels: [{id: m, path: deepseek-ai/DeepSeek-V2-Lite-Chat, "
-                                     "extra_args: [--no-such-flag]}]\n")
-    loaded = load_suite(tmp_path / "s.yaml")
-    (checked,) = check_cells(sglang_python, loaded, list(expand(loaded.suite).cells))
+def test_an_unknown_flag_is_refused_at_argparse(checks):
+    (checked,) = checks["unknown-flag"][1].values()
     assert checked.stage == "argparse" and "unrecognized arguments: --no-such-flag" in checked.refused
 
 
