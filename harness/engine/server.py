@@ -28,6 +28,7 @@ from harness.errors import ErrorKind, ServerError
 
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
+STARTUP_PROBE_TIMEOUT_S = 5.0
 _ADDRESS_IN_USE = ("address already in use", "errno 98", "address in use")
 
 
@@ -185,35 +186,54 @@ class ServerProcess:
                     raise
                 self.stop()
 
+    def _startup_problem(self) -> ServerError | None:
+        """The server exited, or logged that a part of it died: the error that says so, else None."""
+        assert self.process is not None
+        code = self.process.poll()
+        if code is not None:
+            return ServerError(f"server exited with code {code} during startup", process_exit_code=code,
+                               log_tail=tail(self.log_path))
+        crashed = self.crash_line()
+        if crashed is not None:
+            return ServerError(f"server crashed during startup (its launcher was still running): {crashed}",
+                               log_tail=tail(self.log_path))
+        return None
+
+    async def _probe(self, session: aiohttp.ClientSession) -> bool:
+        """One startup probe of the health route; False when refused, failed or timed out."""
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with session.get(self.base_url + self.spec.engine.health_route) as response:
+                return response.status == 200
+        return False
+
     async def _wait_ready(self, started: float) -> None:
         """Poll the engine's health route (sglang's /health_generate generates one token) until 200,
         the process exits, or the timeout."""
         assert self.process is not None
         delay = 0.1
         deadline = started + self.spec.startup_timeout_s
-        # Short probes: a port that accepts but never answers must not hide an exited process.
-        timeout = aiohttp.ClientTimeout(total=5)
+        # A probe may take a while (sglang's generates a token); the process is watched meanwhile,
+        # so a port that accepts but never answers (another process's) cannot hide an exited server.
+        timeout = aiohttp.ClientTimeout(total=STARTUP_PROBE_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
-                code = self.process.poll()
-                if code is not None:
-                    raise ServerError(f"server exited with code {code} during startup", process_exit_code=code,
-                                      log_tail=tail(self.log_path))
-                crashed = self.crash_line()
-                if crashed is not None:
-                    raise ServerError(f"server crashed during startup (its launcher was still running): {crashed}",
-                                      log_tail=tail(self.log_path))
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(self.base_url + self.spec.engine.health_route) as response:
-                        answered = response.status == 200
-                    if answered:
-                        # Two servers on a node can pick the same free port; the one that binds
-                        # second (sglang binds after loading the model) would be judged by the
-                        # answers of the first. Only our own process group counts.
-                        if listens_on(self.process.pid, self.port) is False:
-                            raise _PortTaken(f"port {self.port} is answered by another process",
-                                             log_tail=tail(self.log_path))
-                        return
+                problem = self._startup_problem()
+                if problem is not None:
+                    raise problem
+                probe = asyncio.ensure_future(self._probe(session))
+                while not (await asyncio.wait({probe}, timeout=0.25))[0]:
+                    problem = self._startup_problem()
+                    if problem is not None:
+                        probe.cancel()
+                        raise problem
+                if probe.result():
+                    # Two servers on a node can pick the same free port; the one that binds
+                    # second (sglang binds after loading the model) would be judged by the
+                    # answers of the first. Only our own process group counts.
+                    if listens_on(self.process.pid, self.port) is False:
+                        raise _PortTaken(f"port {self.port} is answered by another process",
+                                         log_tail=tail(self.log_path))
+                    return
                 if time.monotonic() > deadline:
                     raise ServerError(kind=ErrorKind.NOT_READY, message=f"server not ready after {self.spec.startup_timeout_s:.0f} s "
                                       "(startup_timeout_s); it is still running, so it was stopped",

@@ -137,6 +137,31 @@ def test_address_in_use_retries_on_another_port(tmp_path, monkeypatch):
     assert "address already in use" in (tmp_path / "s.log").read_text().lower()
 
 
+def test_a_server_that_exits_while_a_probe_hangs_is_seen_at_once(tmp_path, monkeypatch):
+    """Its port taken by a socket that accepts and never answers, the server exits at once: the
+    start says so while the health probe still waits (it would wait its whole timeout, here 10 min)."""
+    import socket
+
+    from harness.engine import server as server_module
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    monkeypatch.setattr(server_module, "free_port", lambda host="127.0.0.1": blocker.getsockname()[1])
+    monkeypatch.setattr(server_module, "STARTUP_PROBE_TIMEOUT_S", 600.0)
+    server = ServerProcess(sim_spec(CELL), tmp_path / "s.log", port_attempts=1)
+
+    async def scenario():
+        async with server:
+            pass
+
+    try:
+        with pytest.raises(ServerError, match="exited with code"):
+            run(asyncio.wait_for(scenario(), machine_s(60)))
+    finally:
+        blocker.close()
+
+
 def test_a_port_answered_by_another_server_is_not_taken_for_ours(tmp_path, monkeypatch):
     """Two servers on a node picked the same port: ours (still loading, like sglang, which binds
     after the model is loaded) must not be judged by the other's answers."""
