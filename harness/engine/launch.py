@@ -65,8 +65,9 @@ class LaunchSpec:
 
     def environment(self) -> dict[str, str]:
         """Variables added to the inherited environment: the suite's, then the model's, then the
-        cell's (its custom axis values), then the cell's GPUs (the scheduler's choice wins over anything inherited). On `cpu`, sglang's CPU
-        engine, each tp rank's threads bound to one of the cell's slots (core numbers)."""
+        cell's (its custom axis values), then the cell's GPUs (the scheduler's choice wins over
+        anything inherited). On `cpu`, sglang's CPU engine, each tp rank's threads bound to one of
+        the cell's slots (core numbers)."""
         if self.platform == "cpu":
             devices = {"SGLANG_USE_CPU_ENGINE": "1"}
             if self.devices is not None:
