@@ -117,31 +117,3 @@ def test_the_predicted_fields_come_from_the_axis_registry(sglang_python, tmp_pat
     assert checked.predicted["enable_mixed_chunk"] is True
     assert checked.predicted["enable_deterministic_inference"] is False
 
-
-def test_cells_share_a_check_process_when_their_environment_and_gpu_kind_are_the_same(tmp_path: Path):
-    """One sglang import per environment, not per model: the two models without an env of their own
-    share one; a model's env, a custom axis's env and another GPU kind each need their own."""
-    from harness.engine.check import check_groups
-
-    (tmp_path / "s.yaml").write_text("""
-suite: s
-engine: sglang
-models:
-  - {id: a, path: deepseek-ai/DeepSeek-V2-Lite-Chat}
-  - {id: b, path: moonshotai/Kimi-Linear-48B-A3B-Instruct, tp: 2}
-  - {id: c, path: deepseek-ai/DeepSeek-V2-Lite-Chat, env: {X: "1"}}
-  - {id: d, path: deepseek-ai/DeepSeek-V2-Lite-Chat, gpu_type: B200}
-axes:
-  radix_cache: [on, off]
-  plant: {none: [], kv: {env: {X: "1"}}}
-""")
-    cells = list(expand(load_suite(tmp_path / "s.yaml").suite).cells)
-    groups = {(tuple(sorted(env.items())), group[0].model.gpu_type): sorted(c.cell_id for c in group)
-              for env, group in check_groups(cells, {"SUITE": "s"})}
-    suite_env, with_x = (("SUITE", "s"),), (("SUITE", "s"), ("X", "1"))
-    assert groups == {
-        (suite_env, None): sorted(f"{m}.rc-{rc}.plant-none" for m in "ab" for rc in ("on", "off")),
-        (with_x, None): sorted([f"{m}.rc-{rc}.plant-kv" for m in "ab" for rc in ("on", "off")]
-                               + [f"c.rc-{rc}.plant-{p}" for rc in ("on", "off") for p in ("none", "kv")]),
-        (suite_env, "B200"): ["d.rc-off.plant-none", "d.rc-on.plant-none"],
-        (with_x, "B200"): ["d.rc-off.plant-kv", "d.rc-on.plant-kv"]}
