@@ -45,7 +45,7 @@ def check_groups(cells: list[Cell], base_env: dict[str, str]) -> list[tuple[dict
     they share one sglang import (~7 CPU-seconds each here) instead of one per model."""
     groups: dict[tuple, tuple[dict[str, str], list[Cell]]] = {}
     for cell in cells:
-        env = {**base_env, **cell.model.env, **cell.env}
+        env = {**base_env, **cell.server_env}
         key = (tuple(sorted(env.items())), cell.model.gpu_type)
         groups.setdefault(key, (env, []))[1].append(cell)
     return list(groups.values())

@@ -74,7 +74,7 @@ class LaunchSpec:
                 devices["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(self.devices)
         else:
             devices = {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices is not None else {}
-        return {**self.env, **self.cell.model.env, **self.cell.env, **devices}
+        return {**self.env, **self.cell.server_env, **devices}
 
 
 def default_python(configured: str | None) -> str:

@@ -200,7 +200,7 @@ class ServerProcess:
         return None
 
     async def _probe(self, session: aiohttp.ClientSession) -> bool:
-        """One startup probe of the health route; False when refused, failed or timed out."""
+        """One probe of the health route; False when refused, failed or timed out."""
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
             async with session.get(self.base_url + self.spec.engine.health_route) as response:
                 return response.status == 200
@@ -291,12 +291,9 @@ class ServerProcess:
                     await task
 
     async def _answers_health(self, timeout_s: float) -> bool:
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session, \
-                    session.get(self.base_url + self.spec.engine.health_route) as response:
-                return response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
+        """One probe of the health route in a session of its own, waiting `timeout_s` at most."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            return await self._probe(session)
 
     def stop(self) -> None:
         """SIGTERM to the launcher alone, `stop_grace_s` for it to stop its children, then SIGKILL

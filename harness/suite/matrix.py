@@ -47,6 +47,11 @@ class Cell:
     def gpus(self) -> int:
         return self.model.tp
 
+    @property
+    def server_env(self) -> dict[str, str]:
+        """What the cell adds to its server's environment: the model's `env`, then its own."""
+        return {**self.model.env, **self.env}
+
     def factor_values(self) -> dict[str, str]:
         """Model plus every axis value: what attribution and tracking see."""
         return {"model": self.model.id, **self.factors}
