@@ -8,13 +8,14 @@ from harness.errors import TrackingError
 from harness.records import RunInfo
 from harness.results.sinks import FinishedCell, MlflowSink
 from harness.results.store import ResultsStore
+from harness.results.tracking import Tracker
 
 
 def sync_run(store: ResultsStore, tracking_uri: str) -> tuple[RunInfo, int]:
     """Returns the updated run info and how many cells were logged now."""
     info = store.read_run()
     results = store.cells()
-    sink = MlflowSink(tracking_uri)
+    sink = MlflowSink(Tracker(tracking_uri))
     params = {"suite": info.suite, "engine": info.engine, "protocol": info.protocol,
               "protocol_fingerprint": info.protocol_fingerprint, "dataset_sha256": info.dataset_sha256,
               "results_dir": str(store.path), "synced": "true"}

@@ -26,6 +26,7 @@ from harness.results.mlflow_layout import (
     CELLS_ARTIFACT,
     EXTENSION_QUESTIONS_ARTIFACT,
     QUESTIONS_ARTIFACT,
+    holds_no_runs,
     mlflow_client,
 )
 from harness.results.store import ResultsStore
@@ -79,6 +80,8 @@ class MlflowArchive:
         self._cells: dict[str, list[CellResult]] = {}
 
     def runs(self, suite: str) -> list[RunInfo]:
+        if self.client is None and holds_no_runs(self.tracking_uri):  # a first run: nothing to import MLflow for
+            return []
         try:
             self.client = self.client or mlflow_client(self.tracking_uri)
             experiment = self.client.get_experiment_by_name(suite)

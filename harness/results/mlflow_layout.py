@@ -28,10 +28,23 @@ def mlflow_client(tracking_uri: str) -> Any:
     _refuse_if_nothing_listens(tracking_uri)
     from mlflow.tracking import MlflowClient
 
-    if not tracking_uri.startswith("sqlite:///"):
+    database = sqlite_database(tracking_uri)
+    if database is None:
         return MlflowClient(tracking_uri=tracking_uri)
-    return _opened_once(lambda: MlflowClient(tracking_uri=tracking_uri),
-                        Path(tracking_uri.removeprefix("sqlite:///")))
+    return _opened_once(lambda: MlflowClient(tracking_uri=tracking_uri), database)
+
+
+def sqlite_database(tracking_uri: str) -> Path | None:
+    """The file of a `sqlite:///PATH` store; None for any other store (a server, a folder)."""
+    return Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+
+
+def holds_no_runs(tracking_uri: str) -> bool:
+    """True when the store certainly holds no run: a SQLite store whose file does not exist yet.
+    Readers skip it without importing MLflow (~2 s of CPU) or creating the file (a new run's own
+    tracker creates it, in a process of its own)."""
+    database = sqlite_database(tracking_uri)
+    return database is not None and not database.exists()
 
 
 def _refuse_if_nothing_listens(tracking_uri: str, timeout_s: float = 2.0) -> None:

@@ -56,7 +56,7 @@ class Sinks:
     def prepare(self, info: RunInfo) -> None:
         """Work a sink may start before the run's results exist (import a client, connect to a store);
         optional (`prepare(info)` on the sink). A sink that must not slow the caller down does it
-        elsewhere (MlflowSink with `in_child` starts its process and returns at once)."""
+        elsewhere (an MlflowSink over a `TrackerProcess` starts its process and returns at once)."""
         for sink in self.sinks:
             prepare = getattr(sink, "prepare", None)
             if prepare is not None:
@@ -185,12 +185,13 @@ def _disk_error(error: OSError) -> str:
 
 class MlflowSink:
     """A parent run per invocation and a child run per cell; never fails a run (see `Tracker`).
-    `in_child`: MLflow runs in a process of its own (`TrackerProcess`), for a caller whose own
-    process has latency-bound work to do meanwhile (`regress eval` sending questions)."""
+    The tracker is a `Tracker` (MLflow in this process) or a `TrackerProcess` (MLflow in a process
+    of its own, for a caller with other work meanwhile: `regress eval` sending questions, `regress
+    run` starting Ray)."""
 
-    def __init__(self, tracking_uri: str, in_child: bool = False) -> None:
-        self.tracking_uri = tracking_uri
-        self.tracker: Tracker | TrackerProcess = TrackerProcess(tracking_uri) if in_child else Tracker(tracking_uri)
+    def __init__(self, tracker: Tracker | TrackerProcess) -> None:
+        self.tracking_uri = tracker.tracking_uri
+        self.tracker = tracker
 
     def prepare(self, info: RunInfo) -> None:
         self.tracker.connect(info.suite)  # MLflow's import and the store's opening: seconds of CPU
@@ -252,13 +253,12 @@ def cell_line(result: CellResult) -> str:
     return f"[{result.status.colour}]{result.status.value:>12}[/] {accuracy} {result.cell_id}{detail}"
 
 
-def standard_sinks(store: ResultsStore, tracking_uri: str | None, console: Console | None,
-                   quiet: bool = False, tracking_in_child: bool = False) -> Sinks:
-    """MLflow (when a tracking URI is given; in a child process with `tracking_in_child`), the
-    results folder, and the console (unless None)."""
+def standard_sinks(store: ResultsStore, tracker: Tracker | TrackerProcess | None, console: Console | None,
+                   quiet: bool = False) -> Sinks:
+    """MLflow through `tracker` (None: no tracking), the results folder, and the console (unless None)."""
     chain: list[Sink] = []
-    if tracking_uri:
-        chain.append(MlflowSink(tracking_uri, in_child=tracking_in_child))
+    if tracker is not None:
+        chain.append(MlflowSink(tracker))
     chain.append(FolderSink(store))
     if console is not None:
         chain.append(ConsoleSink(console, store.path, quiet))

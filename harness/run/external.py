@@ -30,6 +30,7 @@ from harness.records import CellOutcome, RunInfo, ServerInfo, Status, Timings, V
 from harness.results.provenance import closed_run_info, new_run_info
 from harness.results.sinks import FinishedCell, Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
+from harness.results.tracker_process import TrackerProcess
 from harness.run.gating import cell_result
 from harness.suite.config import GateSpec
 
@@ -144,8 +145,8 @@ def run_eval(request: EvalRequest, data: Gsm8k, plan: ProtocolPlan, settings: Ev
     info = new_run_info(run_id=run_id, suite=request.name, config_path=request.base_url, config_sha256="",
                         trigger="manual", engine="external", plan=plan, extraction=gate.extraction)
     asyncio.run(reachable(request.base_url.rstrip("/")))  # before anything is written or opened
-    sinks = standard_sinks(ResultsStore(request.results_dir, info.run_id), request.tracking_uri, console,
-                           tracking_in_child=True)
+    tracker = TrackerProcess(request.tracking_uri) if request.tracking_uri else None
+    sinks = standard_sinks(ResultsStore(request.results_dir, info.run_id), tracker, console)
     # MLflow's import and the store's opening overlap the questions, in a process of their own (a
     # thread here would share the event loop's GIL: the server's utilisation fell from 0.95 to 0.86).
     sinks.prepare(info)

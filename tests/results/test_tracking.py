@@ -3,6 +3,9 @@ while RUNNING is adopted on the next resume or sync, never joined by a second on
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -105,6 +108,25 @@ def test_a_tracker_in_a_child_process_logs_what_one_in_process_logs_and_resumes_
     assert resumed.start(info, {"base_url": "http://x"}) == parent  # found again, not a second parent
     assert resumed.logged_cells() == {"m.a"}
     resumed.close()
+
+
+def test_a_warmed_tracker_writes_nothing_and_a_store_not_yet_created_is_read_without_mlflow(tmp_path):
+    """`regress run` warms its tracker while Ray starts, before it knows the run will go ahead; a
+    first run's history has no store to read, and MLflow is not imported to learn that."""
+    from harness.results.tracker_process import TrackerProcess
+
+    database = tmp_path / "results" / "mlflow.db"
+    tracker = TrackerProcess(f"sqlite:///{database}")
+    tracker.warm()
+    child = tracker._child
+    tracker.close()  # a run refused on the cluster: the child is stopped, not waited for
+    assert child.returncode is not None and tracker.error is None
+    assert not database.exists() and not database.parent.exists()
+    probe = ("import sys; from pathlib import Path; from harness.results.archive import archives; "
+             f"runs = archives(Path({str(tmp_path / 'results')!r}), {f'sqlite:///{database}'!r}).runs('nightly'); "
+             "print(runs, 'mlflow' in sys.modules)")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert shown.split() == ["[]", "False"] and not database.exists()
 
 
 def test_a_child_tracker_that_dies_turns_tracking_off_with_the_reason_and_nothing_raises(tmp_path):
