@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -51,7 +50,7 @@ class RegressCommands(TyperGroup):
     """Every command runs through here: a RegressError ends it with one line and its exit code
     (`RegressError.exit_code`: 2 for configuration, 3 for infrastructure), never a traceback."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except RegressError as error:
