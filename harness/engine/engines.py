@@ -85,6 +85,12 @@ class Engine:
         return probe_loaded, replace(cell, reference_cell=None)
 
 
+# What asyncio's create_server raises, and uvicorn logs, when the HTTP port is taken. sglang 0.5.23
+# does not exit on it: its process lives on until its warmup thread gives up on its own port (124 s
+# in the real-engine suite), so a start that waited for the exit would retry on another port that late.
+PORT_BIND_FAILURE = "error while attempting to bind on address"
+
+
 class SglangEngine(Engine):
     """The real server: `python -m sglang.launch_server`."""
 
@@ -94,7 +100,7 @@ class SglangEngine(Engine):
     # detokenizer_manager.py, engine.py): each is followed by the launcher tearing the tree down.
     crash_markers = ("Scheduler hit an exception", "TokenizerManager hit an exception",
                      "DetokenizerManager hit an exception", "Received sigquit from a child process",
-                     "SIGQUIT received.", "scheduler died during initialization")
+                     "SIGQUIT received.", "scheduler died during initialization", PORT_BIND_FAILURE)
 
 
 class SimEngine(Engine):
@@ -102,6 +108,7 @@ class SimEngine(Engine):
 
     launch_module = "harness.sim"
     backends_probe = _SIM_BACKENDS_PROBE
+    crash_markers = (PORT_BIND_FAILURE,)  # the simulator stays alive on a taken port, as sglang does
 
     def validate(self, loaded: LoadedSuite) -> None:
         from harness.sim.world import load_world

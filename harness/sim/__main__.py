@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -15,6 +16,8 @@ from harness.errors import ConfigError
 
 if TYPE_CHECKING:
     from harness.sim.world import World
+
+SGLANG_WARMUP_GIVES_UP_S = 124.0  # from a bind failure to sglang 0.5.23's own teardown (real-engine suite log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,8 +62,17 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(model.cold_load_s)
     state = SimState(world, resolved, data, faults)
     print(f"[sim] The server is fired up and ready to roll! port={args.port}", flush=True)
-    web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,
-                handle_signals=not any(f.ignore_sigterm for f in faults))
+    try:
+        web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,
+                    handle_signals=not any(f.ignore_sigterm for f in faults))
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        # As sglang 0.5.23 does: the bind failure is logged and the process stays until its warmup
+        # thread gives up on its own port, then it tears itself down.
+        print(f"ERROR:    {error}", flush=True)
+        time.sleep(SGLANG_WARMUP_GIVES_UP_S)
+        return 1
     return 0
 
 
