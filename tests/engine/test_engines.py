@@ -11,7 +11,7 @@ import pytest
 
 from harness.benchmark.evaluator import EvalSettings
 from harness.benchmark.gsm8k.protocol import build_plan
-from harness.engine.engines import ENGINES, SimEngine
+from harness.engine.engines import ENGINES, PORT_BIND_FAILURE, SimEngine
 from harness.engine.launch import EngineRoutes, LaunchSpec, cell_launch_spec
 from harness.errors import ConfigError
 from harness.run.build import load_matrix
@@ -64,7 +64,8 @@ def test_a_toy_engine_is_one_class_and_one_registration(tmp_path):
     with ENGINES.registered("toy", HealthOnlyEngine()):
         loaded, matrix = load_matrix(write_suite(tmp_path, "toy"), None)
         spec = cell_launch_spec(loaded, matrix.cells[0], python=sys.executable)
-    assert spec.engine == EngineRoutes("toy", "harness.sim", "/health", ("/get_server_info",), ())
+    assert spec.engine == EngineRoutes("toy", "harness.sim", "/health", ("/get_server_info",),
+                                       (PORT_BIND_FAILURE,))  # the simulator's crash marker, inherited
     assert spec.env["REGRESS_SIM_WORLD"] == str(INCIDENT_WORLD)  # the simulator's environment, inherited
     argv = spec.argv(30000, 30001)
     assert argv[:3] == [sys.executable, "-m", "harness.sim"] and argv[argv.index("--attention-backend") + 1] == "triton"
