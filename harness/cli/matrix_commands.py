@@ -70,7 +70,6 @@ def run(
     """
     from harness.results.reporting import warner
     from harness.results.store import ResultsStore
-    from harness.results.tracker_process import TrackerProcess
     from harness.results.tracking import default_tracking_uri
     from harness.run.build import RunRequest, on_cluster, prepare
     from harness.run.pipeline import RunOptions, run_suite
@@ -85,18 +84,9 @@ def run(
     if resume:  # before Ray starts: a bad id or a corrupt cells.jsonl is a configuration error
         ResultsStore.existing(results_dir, resume).cells()
     warn = warner(console)
-    # MLflow's import (~1.2 s of CPU) in the process that will log the run, while Ray starts: it
-    # touches no store, so a run refused on the cluster (a cell no node holds) leaves none behind.
-    tracker = TrackerProcess(options.tracking_uri) if options.tracking_uri else None
-    if tracker is not None:
-        tracker.warm()
-    try:
-        with ray_cluster(inputs.loaded, ray_address):
-            inputs = on_cluster(inputs, request, warn)
-            report = run_suite(inputs, options, console, tracker=tracker)
-    finally:
-        if tracker is not None:
-            tracker.close()
+    with ray_cluster(inputs.loaded, ray_address):
+        inputs = on_cluster(inputs, request, warn)
+        report = run_suite(inputs, options, console)
     raise typer.Exit(report.exit_code)
 
 

@@ -41,8 +41,7 @@ def sqlite_database(tracking_uri: str) -> Path | None:
 
 def holds_no_runs(tracking_uri: str) -> bool:
     """True when the store certainly holds no run: a SQLite store whose file does not exist yet.
-    Readers skip it without importing MLflow (~2 s of CPU) or creating the file (a new run's own
-    tracker creates it, in a process of its own)."""
+    Readers skip it without importing MLflow or creating the file (the writer creates it)."""
     database = sqlite_database(tracking_uri)
     return database is not None and not database.exists()
 

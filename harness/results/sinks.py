@@ -186,8 +186,8 @@ def _disk_error(error: OSError) -> str:
 class MlflowSink:
     """A parent run per invocation and a child run per cell; never fails a run (see `Tracker`).
     The tracker is a `Tracker` (MLflow in this process) or a `TrackerProcess` (MLflow in a process
-    of its own, for a caller with other work meanwhile: `regress eval` sending questions, `regress
-    run` starting Ray)."""
+    of its own, for a caller whose own process has latency-bound work meanwhile: `regress eval`
+    sending questions)."""
 
     def __init__(self, tracker: Tracker | TrackerProcess) -> None:
         self.tracking_uri = tracker.tracking_uri

@@ -5,10 +5,10 @@ Measured (docs/benchmarks.md, "`regress eval` beside a lean client"): with MLflo
 thread of the evaluating process, the server's utilisation fell from 0.95 to 0.86 while the import
 ran; the import alone is ~2.7 s of CPU and ~170 MiB. In a child the import runs on another core.
 
-The parent's object has the part of `Tracker`'s interface a sink uses (`warm`, `connect`, `start`,
-`log_cell`, `finish`, `error`, `experiment_id`, `parent_run_id`, `logged_cells`). `warm` and
-`connect` return at once (the child starts on them); every other call waits for the child's answer,
-so the order of calls and what a sink sees are those of an in-process Tracker. Tracking stays a sink, never a
+The parent's object has the part of `Tracker`'s interface a sink uses (`connect`, `start`,
+`log_cell`, `finish`, `error`, `experiment_id`, `parent_run_id`, `logged_cells`). `connect` returns
+at once (the child starts on it); every other call waits for the child's answer, so the order of
+calls and what a sink sees are those of an in-process Tracker. Tracking stays a sink, never a
 dependency: a child that dies or cannot start turns tracking off with the reason in `error`, as a
 failed MLflow call does.
 """
@@ -38,13 +38,8 @@ class TrackerProcess:
         self._child: subprocess.Popen[bytes] | None = None
         self._pipe: Connection | None = None
         self._pending = 0  # calls sent whose answers have not been read yet
-        self._store_touched = False  # a call other than `warm` was sent: the child may be writing
 
     # ---- the Tracker interface ---------------------------------------------------------------------
-    def warm(self) -> None:
-        """Start the child and have it import MLflow, touching no store; returns without waiting."""
-        self._send("warm")
-
     def connect(self, experiment: str) -> None:
         """Start the child and have it import MLflow and open the store; returns without waiting."""
         self._send("connect", experiment)
@@ -62,14 +57,11 @@ class TrackerProcess:
         return set(self._logged)
 
     def close(self) -> None:
-        """Let the child exit (end of input) and reap it; one that was only warmed (a run refused
-        before it began) is stopped at once, since it writes nothing."""
+        """Let the child exit (end of input) and reap it."""
         if self._pipe is not None:
             self._pipe.close()
             self._pipe = None
         if self._child is not None:
-            if not self._store_touched:
-                self._child.kill()
             try:
                 self._child.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -94,7 +86,6 @@ class TrackerProcess:
             if self._child is None:
                 self._spawn()
             self._pipe.send((method, args))
-            self._store_touched = self._store_touched or method != "warm"
         except OSError as error:  # could not start, or it is gone (a broken pipe)
             self._lost(method, error)
             return False

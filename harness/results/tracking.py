@@ -7,7 +7,6 @@ the rest of the run, the reason is recorded in run.json, and results/ is complet
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from dataclasses import dataclass
@@ -133,11 +132,6 @@ class Tracker:
 
     def close(self) -> None:
         """Nothing to release in this process (`TrackerProcess.close` ends its child's)."""
-
-    def warm(self) -> None:
-        """Import MLflow's client now (~1.2 s of CPU here) and touch no store: a caller may warm it
-        before it knows the run will go ahead (`regress run` while Ray starts)."""
-        self._call("importing MLflow", importlib.import_module, "mlflow.tracking")
 
     @property
     def experiment_id(self) -> str | None:

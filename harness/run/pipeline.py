@@ -33,7 +33,6 @@ from harness.results.provenance import closed_run_info, new_run_info
 from harness.results.reporting import warner
 from harness.results.sinks import Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
-from harness.results.tracker_process import TrackerProcess
 from harness.results.tracking import Tracker
 from harness.run.build import RunInputs
 from harness.run.cell import CellJob
@@ -211,11 +210,9 @@ class _Schedule:
 
 
 def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
-              sinks: Callable[[ResultsStore], Sinks] | None = None,
-              tracker: Tracker | TrackerProcess | None = None) -> RunReport:
+              sinks: Callable[[ResultsStore], Sinks] | None = None) -> RunReport:
     """Run every cell of `inputs.matrix` not yet judged, gate each, and write every sink
-    (`sinks(store)`; default: MLflow when tracking, through `tracker` if given, else a `Tracker`
-    in this process; the results folder; the console)."""
+    (`sinks(store)`; default: MLflow when tracking, the results folder, the console)."""
     store, info, kept = _open(inputs, options, console)
     info = info.model_copy(update={"gate_budget": run_budget(inputs).describe()})
     suite = inputs.loaded.suite
@@ -229,10 +226,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
             how = " (auto: the first run of this protocol that was not red)" \
                 if suite.gate.pinned_run == AUTO_PIN else ""
             console.print(f"pinned run: {history.pinned_run.run_id}{how}; every cell is also paired with it")
-    if options.tracking_uri is None:
-        tracker = None
-    elif tracker is None:
-        tracker = Tracker(options.tracking_uri)
+    tracker = Tracker(options.tracking_uri) if options.tracking_uri else None
     sinks = sinks(store) if sinks else standard_sinks(store, tracker, console, options.quiet)
     info = sinks.open(info, _run_params(inputs, store))
     gating = Gating(suite.gate, run_budget(inputs), inputs.plan.fingerprint, history, sinks, inputs.predicted)
