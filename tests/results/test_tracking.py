@@ -121,6 +121,25 @@ def test_a_sqlite_store_not_yet_created_is_read_as_no_runs_without_importing_mlf
     assert shown.split() == ["[]", "False"] and not database.exists()
 
 
+def test_a_child_tracker_outlives_the_sigint_and_sigterm_its_process_group_gets(tmp_path):
+    """A cancelled CI job signals the whole group; the parent still has to mark its run, so the
+    logger keeps serving until the parent closes the pipe."""
+    import signal
+
+    from harness.results.tracker_process import TrackerProcess
+
+    tracker = TrackerProcess(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker.connect("eval")
+    info = run_info("eval-3", suite="eval", protocol_fingerprint="fp")
+    assert tracker.start(info, {}) is not None  # the child has set its handlers by now
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        tracker._child.send_signal(stop)
+    tracker.finish(info, {"summary.md": "# eval-3"})
+    child = tracker._child
+    tracker.close()
+    assert tracker.error is None and child.returncode == 0
+
+
 def test_a_child_tracker_that_dies_turns_tracking_off_with_the_reason_and_nothing_raises(tmp_path):
     from harness.results.tracker_process import TrackerProcess
 
