@@ -251,3 +251,18 @@ def test_a_launcher_whose_parent_died_before_arming_the_death_signal_never_start
     assert launched.returncode == 1 and "is gone" in launched.stderr and not marker.exists()
     argv[3] = str(os.getpid())  # the real parent: the server runs
     assert subprocess.run(argv, timeout=machine_s(60)).returncode == 0 and marker.exists()
+
+
+def test_ports_are_picked_below_the_ephemeral_range_where_kernel_picked_ports_never_land(tmp_path, monkeypatch):
+    from harness.engine import server as server_module
+
+    ports_file = tmp_path / "ip_local_port_range"
+    ports_file.write_text("32768\t60999\n")
+    monkeypatch.setattr(server_module, "EPHEMERAL_RANGE", ports_file)
+    picked = {server_module.free_port() for _ in range(20)}
+    assert all(server_module.PORTS_ABOVE <= port < 32768 for port in picked) and len(picked) > 1, picked
+    # No gap below the ephemeral range (a machine that hands out every port): the kernel picks.
+    ports_file.write_text("1024 65535\n")
+    assert server_module.free_port() >= 1024
+    ports_file.unlink()  # no /proc: the kernel picks
+    assert server_module.free_port() > 0
