@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
     from aiohttp import web
 
-    from harness.benchmark.gsm8k.dataset import load_gsm8k
-    from harness.sim.server import SimState, build_app
+    from harness.benchmark.gsm8k.dataset import resolve_source
+    from harness.sim.server import AnswerBook, SimState, build_app
 
-    data = load_gsm8k()
+    answers = AnswerBook(resolve_source(None))
     model = world.model(args.model_path)
     # Model loading: the port opens only afterwards, as in sglang.
     time.sleep(model.startup_s if model.startup_s is not None else world.latency.startup_s)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sim] {'warm' if warm else 'cold'} load on node {node}", flush=True)
         if not warm:
             time.sleep(model.cold_load_s)
-    state = SimState(world, resolved, data, faults)
+    state = SimState(world, resolved, answers, faults)
     print(f"[sim] The server is fired up and ready to roll! port={args.port}", flush=True)
     try:
         web.run_app(build_app(state), host=args.host, port=args.port, access_log=None, print=None,

@@ -10,13 +10,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from harness.benchmark.gsm8k.dataset import Gsm8k
+from harness.benchmark.gsm8k.dataset import Problem, load_gsm8k, read_split
 from harness.benchmark.gsm8k.protocol import clean_solution
 from harness.sim.world import Decision, Fault, World, unit_hash
 
@@ -24,13 +25,39 @@ _QUESTION_MARK = "Question:"
 _EXAMPLE_END = re.compile(r"(?<=\n\n)(?=Question:)")  # between the examples of a few-shot prefix
 
 
+class AnswerBook:
+    """The GSM8K problems the simulator knows, by question text. From a local folder the test split
+    is read at start and the train split (5.7 x larger) at the first question the test split lacks:
+    most servers are asked test questions only, and a simulated start is paid ~250 times a test run.
+    From the hub (`source` None) both splits load at once, as `load_gsm8k` gives them."""
+
+    def __init__(self, source: str | None) -> None:
+        self.source = source
+        if source is None:
+            data = load_gsm8k(None)
+            self.problems, self.train_read = _by_question((*data.test, *data.train)), True
+        else:
+            self.problems, self.train_read = _by_question(read_split(source, "test")), False
+
+    def get(self, question: str) -> Problem | None:
+        problem = self.problems.get(question)
+        if problem is None and not self.train_read:
+            self.train_read = True
+            self.problems = {**_by_question(read_split(self.source, "train")), **self.problems}
+            problem = self.problems.get(question)
+        return problem
+
+
+def _by_question(problems: Iterable[Problem]) -> dict[str, Problem]:
+    return {problem.question.strip(): problem for problem in problems}
+
+
 @dataclass
 class SimState:
     world: World
     resolved: dict[str, Any]
-    data: Gsm8k
+    answers: AnswerBook
     faults: list[Fault]
-    answers: dict[str, Any] = field(default_factory=dict)
     prefixes: set[str] = field(default_factory=set)
     requests: int = 0
     first_request_at: float | None = None
@@ -39,9 +66,6 @@ class SimState:
     busy_slot_s: float = 0.0  # slot-seconds spent serving: utilisation = busy / (slots x wall time)
     serving: dict[int, float] = field(default_factory=dict)  # request number -> when it got its slot
     slots: asyncio.Semaphore | None = None
-
-    def __post_init__(self) -> None:
-        self.answers = {p.question.strip(): p for p in (*self.data.train, *self.data.test)}
 
     @property
     def model_path(self) -> str:

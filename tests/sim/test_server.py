@@ -186,3 +186,19 @@ def test_the_simulated_radix_cache_hits_mixed_prefixes_at_many_depths(tmp_path, 
     _, records = run(scenario())
     cached = [r.cached_tokens for r in records]
     assert 0 in cached and len({c for c in cached if c}) >= 4, cached  # misses, and hits of several lengths
+
+
+def test_the_simulator_reads_the_train_split_at_the_first_question_the_test_split_lacks(tmp_path, gsm8k):
+    import json
+
+    from harness.sim.server import AnswerBook
+
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    for split, problems in (("test", gsm8k.test[:3]), ("train", gsm8k.train[:3])):
+        (folder / f"{split}.jsonl").write_text("".join(
+            json.dumps({"question": p.question, "answer": p.solution}) + "\n" for p in problems))
+    book = AnswerBook(str(folder))
+    assert book.get(gsm8k.test[1].question.strip()).gold == gsm8k.test[1].gold and not book.train_read
+    assert book.get(gsm8k.train[2].question.strip()).gold == gsm8k.train[2].gold and book.train_read
+    assert book.get("a question in neither split") is None

@@ -52,6 +52,12 @@ def load_gsm8k(path: str | Path | None = None) -> Gsm8k:
     return _load(resolve_source(path))
 
 
+def read_split(folder: str | Path, split: str) -> tuple[Problem, ...]:
+    """One split (`test` or `train`) of a local GSM8K folder, without the fingerprint of both that
+    `load_gsm8k` computes (the simulator reads the train split only when it is asked from it)."""
+    return tuple(_read_jsonl(Path(folder) / f"{split}.jsonl"))
+
+
 @functools.lru_cache(maxsize=4)
 def _load(folder: str | None) -> Gsm8k:
     if folder is None:
