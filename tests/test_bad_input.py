@@ -16,12 +16,15 @@ def regress(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     """`regress ARGS` in a subprocess whose Ray, if it started one, would write its session under
     `result.ray_tmpdir` (RAY_TMPDIR), so a test can tell that nothing was launched."""
     import os
+    import shutil
     import tempfile
+    import weakref
 
     ray_tmpdir = tempfile.mkdtemp(prefix="regress-ray-")
     result = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=machine_s(120),
                             cwd=ROOT, env={**os.environ, "RAY_TMPDIR": ray_tmpdir, **(env or {})})
     result.ray_tmpdir = Path(ray_tmpdir)  # type: ignore[attr-defined]
+    weakref.finalize(result, shutil.rmtree, ray_tmpdir, True)  # removed with the result (Ray's too, if it ran)
     return result
 
 

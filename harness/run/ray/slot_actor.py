@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
@@ -49,10 +50,34 @@ class GpuSlot:
 
     def run(self, job: CellJob, plan: ProtocolPlan) -> tuple[CellOutcome, str]:
         import asyncio
+        import os
         import tempfile
-        from pathlib import Path
 
         from harness.run.cell import run_cell
 
-        with tempfile.TemporaryDirectory(prefix="regress-cell-") as log_dir:
+        sweep_orphaned_log_folders(Path(tempfile.gettempdir()))
+        with tempfile.TemporaryDirectory(prefix=f"{LOG_FOLDER_PREFIX}{os.getpid()}-") as log_dir:
             return asyncio.run(run_cell(job, plan, Path(log_dir), node_id()))
+
+
+LOG_FOLDER_PREFIX = "regress-cell-"  # then the slot's pid, a dash, and tempfile's random part
+
+
+def sweep_orphaned_log_folders(folder: Path) -> None:
+    """Remove the cell log folders of slots that are gone. A slot killed mid-cell (a fail-fast or
+    interrupted run stops its running cells; a lost worker) never leaves its `with`, so its folder
+    and the server's whole log in it stay on the node: the next cell run there removes them. A
+    folder whose process still runs (or whose owner this process may not signal) is kept."""
+    import os
+    import shutil
+
+    for path in folder.glob(f"{LOG_FOLDER_PREFIX}*-*"):
+        pid = path.name[len(LOG_FOLDER_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass
