@@ -23,9 +23,10 @@ from harness.run.build import load_matrix
 
 __all__ = ["app", "console", "err_console", "load_matrix", "at_least_one", "print_error", "writable_folder"]
 
-# CI logs are not terminals; rich would wrap tables at 80 columns there.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# CI logs are not terminals; rich would wrap tables at 80 columns there. No emoji codes: a reason
+# or a log line quoting `:name:` is printed as written (and rich's emoji table is never imported).
+console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
 
 
 def writable_folder(path: Path, option: str) -> None:

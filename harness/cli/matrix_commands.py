@@ -1,7 +1,5 @@
 """Commands over a suite's matrix: plan it, run it, pick a PR's cells, submit it to a cluster."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

@@ -1,7 +1,5 @@
 """Commands over finished runs: compare two, build the dashboard, upload one to MLflow."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -19,7 +17,7 @@ ArchiveOpt = Annotated[str | None, typer.Option(
          "results/ of earlier nights, the tracking server has them.")]
 
 
-def _archive(results_dir: Path, tracking_uri: str | None) -> Archives:
+def _archive(results_dir: Path, tracking_uri: str | None) -> "Archives":
     from harness.results.archive import archives
 
     return archives(results_dir, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))

@@ -1,7 +1,5 @@
 """Commands around one server: score a running one, start a simulated one, bisect a cell's history."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 from typing import Annotated

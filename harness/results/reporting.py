@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from harness.codes import Status, status_counts
 from harness.engine.launch import planned_argv
@@ -21,6 +19,8 @@ from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from harness.records import CellResult, RunInfo
 
 
@@ -48,10 +48,12 @@ def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
               for name, cell in zip(names, matrix.cells, strict=True)]
     console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     references = sorted({cell.reference_cell for cell in matrix.cells if cell.reference_cell})
-    console.print("each cell is compared with its model's reference: " + ", ".join(references))
+    # Not highlighted: rich's highlighter runs its regexes over every character (ids, numbers).
+    console.print("each cell is compared with its model's reference: " + ", ".join(references),
+                  markup=False, highlight=False, soft_wrap=True)
     gpus = sum(c.model.tp for c in matrix.cells)
     console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
-                  f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
+                  f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}", highlight=False)
     if any("auto" in values for values in loaded.suite.axes.values() if isinstance(values, list)):
         console.print("[dim]`auto` is shown as sglang's documented backends; `run` reads them from the "
                       "installed sglang on a worker[/]")
@@ -60,7 +62,7 @@ def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
         by_reason.setdefault(skipped.reason, []).append(skipped.cell_id)
     for reason, ids in by_reason.items():
         shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more; --json lists all)" if len(ids) > 3 else "")
-        console.print(f"[dim]excluded {len(ids)}: {reason}: {shown}[/]")
+        console.print(f"[dim]excluded {len(ids)}: {escape(reason)}: {escape(shown)}[/]", highlight=False, soft_wrap=True)
     for warning in loaded.suite.warnings():
         warner(console)(warning)
 
@@ -81,6 +83,8 @@ def diverged_text(result: CellResult | None) -> str:
 
 def console_table(results: list[CellResult], title: str) -> Table:
     """Compact on purpose: the cell id already names the model and every factor value."""
+    from rich.table import Table  # here: `regress plan` prints no table and does not pay its import
+
     table = Table(title=title, show_lines=False, header_style="bold")
     table.add_column("verdict")
     table.add_column("cell", no_wrap=True)
@@ -169,6 +173,8 @@ def summary_markdown(info: RunInfo, results: list[CellResult]) -> str:
 
 
 def junit_xml(info: RunInfo, results: list[CellResult]) -> str:
+    import xml.etree.ElementTree as ElementTree
+
     suite = ElementTree.Element("testsuite", name=info.suite, tests=str(len(results)),
                                 failures=str(sum(r.status.is_regression for r in results)),
                                 errors=str(sum(r.status is Status.ERROR for r in results)),
