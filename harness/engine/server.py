@@ -36,9 +36,9 @@ _ADDRESS_IN_USE = ("address already in use", "errno 98", "address in use")
 # Server ports are drawn from below the kernel's ephemeral range and above Ray's worker ports
 # (10002-19999 by default). A port the kernel hands out (bind to port 0) comes from the ephemeral
 # range, where every other process's port-0 listeners land meanwhile: a tp-2 CPU sglang's schedulers
-# alone opened 32 listening sockets there as they started (`ss -tlnp`), before its HTTP bind. Twice
-# (sessions 15 and 16) a real-engine run's tp-2 server found its port taken at bind (Errno 98: it is
-# stopped and relaunched, ~40 s lost); picked here, a port can only be lost to an explicit bind.
+# alone opened 32 listening sockets there as they started (`ss -tlnp`), before its HTTP bind, and
+# twice a real-engine run's tp-2 server found its kernel-picked port taken at bind (Errno 98: it is
+# stopped and relaunched, ~40 s lost). Picked here, a port can only be lost to an explicit bind.
 PORTS_ABOVE = 20000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _PORT_DRAW = random.SystemRandom()  # from the OS: no seed set in a worker makes two workers draw alike
