@@ -82,6 +82,22 @@ def test_ctrl_c_then_sigterm_keep_finished_cells_and_each_resume_runs_only_the_r
     assert lines[:len(kept)] == kept and len(lines) == 8
     assert len({json.loads(line)["cell_id"] for line in lines}) == 8
     assert json.loads((cells_file.parent / "run.json").read_text())["interrupted"] is False
+    # The cells killed by the two stops left their log folders; the cells run since removed them.
+    assert orphaned_log_folders() == []
+
+
+def orphaned_log_folders() -> list[Path]:
+    """Cell log folders in this machine's temporary folder whose slot process is gone."""
+    import tempfile
+
+    from harness.run.ray.slot_actor import LOG_FOLDER_PREFIX
+
+    orphans = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{LOG_FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(LOG_FOLDER_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            orphans.append(folder)
+    return orphans
 
 
 def test_unreachable_tracking_server_costs_no_results(ray_local, tmp_path):
