@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
+from harness.run.ray.slot_actor import orphaned_log_folders
 from tests.helpers import INCIDENT_WORLD, ROOT, machine_s
 from tests.test_faults import processes_mentioning
 
@@ -83,21 +85,7 @@ def test_ctrl_c_then_sigterm_keep_finished_cells_and_each_resume_runs_only_the_r
     assert len({json.loads(line)["cell_id"] for line in lines}) == 8
     assert json.loads((cells_file.parent / "run.json").read_text())["interrupted"] is False
     # The cells killed by the two stops left their log folders; the cells run since removed them.
-    assert orphaned_log_folders() == []
-
-
-def orphaned_log_folders() -> list[Path]:
-    """Cell log folders in this machine's temporary folder whose slot process is gone."""
-    import tempfile
-
-    from harness.run.ray.slot_actor import LOG_FOLDER_PREFIX
-
-    orphans = []
-    for folder in Path(tempfile.gettempdir()).glob(f"{LOG_FOLDER_PREFIX}*-*"):
-        pid = folder.name[len(LOG_FOLDER_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            orphans.append(folder)
-    return orphans
+    assert orphaned_log_folders(Path(tempfile.gettempdir())) == []
 
 
 def test_unreachable_tracking_server_costs_no_results(ray_local, tmp_path):

@@ -35,7 +35,7 @@ class AnswerBook:
         self.source = source
         if source is None:
             data = load_gsm8k(None)
-            self.problems, self.train_read = _by_question((*data.test, *data.train)), True
+            self.problems, self.train_read = _by_question((*data.train, *data.test)), True  # test wins a tie, as below
         else:
             self.problems, self.train_read = _by_question(read_split(source, "test")), False
 

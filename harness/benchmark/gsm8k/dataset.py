@@ -64,8 +64,7 @@ def _load(folder: str | None) -> Gsm8k:
         test, train = _from_hub()
         source = f"hub:{HUB_ID[0]}/{HUB_ID[1]}"
     else:
-        test = _read_jsonl(Path(folder) / "test.jsonl")
-        train = _read_jsonl(Path(folder) / "train.jsonl")
+        test, train = read_split(folder, "test"), read_split(folder, "train")
         source = folder
     digest = hashlib.sha256()
     for split in (test, train):

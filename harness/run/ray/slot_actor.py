@@ -63,14 +63,14 @@ class GpuSlot:
 LOG_FOLDER_PREFIX = "regress-cell-"  # then the slot's pid, a dash, and tempfile's random part
 
 
-def sweep_orphaned_log_folders(folder: Path) -> None:
-    """Remove the cell log folders of slots that are gone. A slot killed mid-cell (a fail-fast or
-    interrupted run stops its running cells; a lost worker) never leaves its `with`, so its folder
-    and the server's whole log in it stay on the node: the next cell run there removes them. A
-    folder whose process still runs (or whose owner this process may not signal) is kept."""
+def orphaned_log_folders(folder: Path) -> list[Path]:
+    """The cell log folders in `folder` whose slot process is gone. A slot killed mid-cell (a
+    fail-fast or interrupted run stops its running cells; a lost worker) never leaves its `with`, so
+    its folder and the server's whole log in it stay on the node. A folder whose process still runs
+    (or whose owner this process may not signal) is not one."""
     import os
-    import shutil
 
+    orphans = []
     for path in folder.glob(f"{LOG_FOLDER_PREFIX}*-*"):
         pid = path.name[len(LOG_FOLDER_PREFIX):].split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -78,6 +78,16 @@ def sweep_orphaned_log_folders(folder: Path) -> None:
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
+            orphans.append(path)
         except PermissionError:
             pass
+    return orphans
+
+
+def sweep_orphaned_log_folders(folder: Path) -> None:
+    """Remove the log folders of slots that are gone (`orphaned_log_folders`): the next cell run on
+    a node cleans up after the slots killed there."""
+    import shutil
+
+    for path in orphaned_log_folders(folder):
+        shutil.rmtree(path, ignore_errors=True)
