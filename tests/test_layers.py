@@ -110,13 +110,15 @@ def test_the_contract_imports_nothing_of_the_harness_but_its_codes():
 def test_regress_plan_loads_none_of_the_heavy_libraries():
     """`regress plan` reads a YAML file and prints its cells: no HTTP client, tracking, cluster,
     dataframe or statistics library is imported for that, nor the results records' pydantic models
-    (building their classes took a fifth of the command's CPU)."""
+    (building their classes took a fifth of the command's CPU), nor rich (~50 ms: the plan prints
+    through typer)."""
     probe = ("import io, sys, contextlib\n"
              "from harness.cli import main\n"
              "sys.argv = ['regress', 'plan', 'configs/nightly.yaml']\n"
              "with contextlib.redirect_stdout(io.StringIO()):\n"
              "    try:\n        main()\n    except SystemExit as end:\n        assert not end.code, end.code\n"
-             "print(sorted(m for m in ('aiohttp', 'mlflow', 'ray', 'pandas', 'scipy', 'harness.records') if m in sys.modules))\n")
+             "print(sorted(m for m in ('aiohttp', 'mlflow', 'ray', 'pandas', 'scipy', 'harness.records', 'rich') "
+             "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=machine_s(120),
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr

@@ -8,25 +8,40 @@ nothing was launched; 130 interrupted.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from harness.errors import DISK_ERRNOS, ConfigError, ExitCode, RegressError
 from harness.run.build import load_matrix
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 __all__ = ["app", "console", "err_console", "load_matrix", "at_least_one", "print_error", "writable_folder"]
 
+# Made at first use: `regress plan` prints through typer alone and never imports rich (~50 ms of CPU).
 # CI logs are not terminals; rich would wrap tables at 80 columns there. No emoji codes: a reason
 # or a log line quoting `:name:` is printed as written (and rich's emoji table is never imported).
-console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
+@functools.cache
+def console() -> Console:
+    """rich's console on stdout."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+
+
+@functools.cache
+def err_console() -> Console:
+    """rich's console on stderr."""
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 160, emoji=False)
 
 
 def writable_folder(path: Path, option: str) -> None:
@@ -43,8 +58,10 @@ def writable_folder(path: Path, option: str) -> None:
 
 def print_error(error: RegressError) -> None:
     """The one line a RegressError ends a command with."""
+    from rich.markup import escape
+
     # Escaped: messages quote patterns and values (`[a-z0-9]`, `models[0]`) that rich would read as markup.
-    err_console.print(f"[bold red]error[/]: {escape(str(error))}", highlight=False, soft_wrap=True)
+    err_console().print(f"[bold red]error[/]: {escape(str(error))}", highlight=False, soft_wrap=True)
 
 
 class RegressCommands(TyperGroup):
@@ -62,8 +79,10 @@ class RegressCommands(TyperGroup):
                 raise
             # The disk under results/ (or the tracking store) filled up or went read-only mid-run:
             # an infrastructure fault, never "regressions found"; the cells written so far stay.
+            from rich.markup import escape
+
             where = f" ({error.filename})" if error.filename else ""
-            err_console.print(f"[bold red]error[/]: could not write{escape(where)}: {error.strerror or error}; the cells "
+            err_console().print(f"[bold red]error[/]: could not write{escape(where)}: {error.strerror or error}; the cells "
                               "judged so far are kept: free space, then `regress run SUITE --resume RUN_ID` runs "
                               "the rest", highlight=False, soft_wrap=True)
             raise typer.Exit(ExitCode.UNDECIDED) from None

@@ -31,7 +31,7 @@ def plan(suite: SuiteArg, selection: SelectOpt = None,
     if as_json:
         print(plan_json(loaded, matrix))
     else:
-        print_plan(console, loaded, matrix)
+        print_plan(loaded, matrix)
 
 
 @app.command()
@@ -81,10 +81,10 @@ def run(
     writable_folder(results_dir, "--results-dir")
     if resume:  # before Ray starts: a bad id or a corrupt cells.jsonl is a configuration error
         ResultsStore.existing(results_dir, resume).cells()
-    warn = warner(console)
+    warn = warner(console())
     with ray_cluster(inputs.loaded, ray_address):
         inputs = on_cluster(inputs, request, warn)
-        report = run_suite(inputs, options, console)
+        report = run_suite(inputs, options, console())
     raise typer.Exit(report.exit_code)
 
 
@@ -125,9 +125,9 @@ def select_for_change(
         files = changed_files_from_git(repo, git_diff or "")
     selected = select_cells(matrix, load_selection(rules), files)
     scope = "the full matrix (shared machinery changed)" if selected.full else f"{len(selected.cells)} cells"
-    console.print(f"{len(files)} changed file(s) select {scope} of {len(matrix.cells)}:")
+    console().print(f"{len(files)} changed file(s) select {scope} of {len(matrix.cells)}:")
     for cell_id, why in selected.cells.items():
-        console.print(f"  {cell_id}  [dim]{'; '.join(dict.fromkeys(why))}[/]", highlight=False)
+        console().print(f"  {cell_id}  [dim]{'; '.join(dict.fromkeys(why))}[/]", highlight=False)
     if write is not None:
         write.write_text("".join(f"{cell_id}\n" for cell_id in selected.cells))
 
@@ -201,9 +201,9 @@ def check(
             if item.predicted:
                 said += " · " + ", ".join(f"{k}={v}" for k, v in item.predicted.items() if v is not None)
         table.add_row(item.cell_id, said)
-    console.print(table)
+    console().print(table)
     refused = [item for item in checked if item.refused]
-    console.print(f"{len(checked) - len(refused)} of {len(checked)} cells accepted, {len(refused)} refused, "
+    console().print(f"{len(checked) - len(refused)} of {len(checked)} cells accepted, {len(refused)} refused, "
                   f"in {time.monotonic() - started:.1f} s"
                   + (f" (stand-ins for {', '.join(checked[0].stand_ins)})" if checked and checked[0].stand_ins else ""))
     raise typer.Exit(ExitCode.REGRESSIONS if refused else ExitCode.GREEN)

@@ -55,7 +55,7 @@ def compare(
     old, new = find_run(archive, before), find_run(archive, after)
     changes = compare_runs(old, new, allow_different_protocol)
     text = changes_markdown(old, new, changes)
-    console.print(Markdown(text))
+    console().print(Markdown(text))
     if markdown is not None:
         markdown.write_text(text)
     raise typer.Exit(ExitCode.REGRESSIONS if any(c.change is ChangeKind.NEWLY_FAILING for c in changes) else ExitCode.GREEN)
@@ -92,15 +92,15 @@ def dashboard(
         return page
 
     build()
-    console.print(f"dashboard: {target}")
+    console().print(f"dashboard: {target}")
     if tracking_uri:
         from harness.analysis.dashboard import log_on_latest_run
 
-        console.print(log_on_latest_run(archive, suite, target, tracking_uri))
+        console().print(log_on_latest_run(archive, suite, target, tracking_uri))
     if serve:
         from harness.analysis.serve import serve_page
 
-        console.print(f"serving on http://127.0.0.1:{serve}/ (Ctrl-C to stop)")
+        console().print(f"serving on http://127.0.0.1:{serve}/ (Ctrl-C to stop)")
         serve_page(build, serve)
 
 
@@ -121,7 +121,7 @@ def sync(
 
     store = resolve_run(results_dir, run_id)
     info, logged = sync_run(store, tracking_uri or default_tracking_uri(store.root))
-    console.print(f"synced {info.run_id}: {logged} cell run(s) logged now; parent run {info.mlflow_run_id} "
+    console().print(f"synced {info.run_id}: {logged} cell run(s) logged now; parent run {info.mlflow_run_id} "
                   f"in {info.tracking_uri}")
 
 
@@ -150,7 +150,7 @@ def assess(
     if torn:
         from harness.results.reporting import warner
 
-        warner(err_console)(torn)
+        warner(err_console())(torn)
     if markdown:
         from harness.results.reporting import inline_code
 
@@ -210,7 +210,7 @@ def calibrate(
     for p in proposals:
         table.add_row(p.model, str(p.runs), str(p.cells), f"{p.mean:.3f}", f"{p.lowest:.3f}", f"{p.lowest_bound:.3f}",
                       f"{p.current:.3f}", f"{p.proposed:.3f} ({p.change})")
-    console.print(table)
+    console().print(table)
     spreads = propose_launch_spread(_launch_pairs(archive, measured, spec.gate.extraction))
     if spreads:
         now = {model.id: model.launch_sd for model in spec.models}
@@ -219,7 +219,7 @@ def calibrate(
             table.add_column(column)
         for spread in spreads:
             table.add_row(spread.model, str(spread.pairs), f"{now.get(spread.model, 0.0):.4f}", f"{spread.launch_sd:.4f}")
-        console.print(table)
+        console().print(table)
     tolerances = propose_divergence(measured, {model.id: model.divergence_tolerance or spec.gate.divergence.tolerance
                                                for model in spec.models})
     if tolerances:
@@ -229,7 +229,7 @@ def calibrate(
         for t in tolerances:
             for pair, high in t.pairs.items():
                 table.add_row(t.model, pair, f"{high:.3g}", f"{t.current:.3g}", f"{t.proposed:.3g}")
-        console.print(table)
+        console().print(table)
     pinned = pinnable_run(measured)
     lines = [f"# to paste into {suite}: each model's accuracy, launch spread and divergence tolerance, and the run to pin"]
     lines += [f"#   {p.model}: accuracy: {p.mean:.3f}   (floor {p.proposed:.3f}; now {p.current:.3f})" for p in proposals]
@@ -240,7 +240,7 @@ def calibrate(
         lines.append(f"gate: {{pinned_run: {pinned.run_id}}}  # every cell passed; started {pinned.started_at}")
     else:
         lines.append("# no run in which every cell passed: nothing to pin yet")
-    console.print("\n".join(lines), markup=False, highlight=False)
+    console().print("\n".join(lines), markup=False, highlight=False)
 
 
 def _launch_pairs(archive, measured: list, extraction: str) -> list:

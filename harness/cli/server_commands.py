@@ -65,7 +65,7 @@ def eval_server(
     settings = EvalSettings(concurrency=concurrency, request_timeout_s=request_timeout_s,
                             question_deadline_s=question_deadline_s, client=client,
                             api_key=os.environ.get("OPENAI_API_KEY"), teacher_forcing=False)
-    raise typer.Exit(run_eval(request, data, protocol_plan, settings, GateSpec(), console))
+    raise typer.Exit(run_eval(request, data, protocol_plan, settings, GateSpec(), console()))
 
 
 @app.command()
@@ -94,8 +94,8 @@ def bisect(
 
     # A probe is judged against the good commit's answers on the planned questions: never extended.
     run = RunRequest(suite, num_questions=num_questions, extend_to=0, gsm8k_path=gsm8k_path)
-    result = run_bisect(BisectRequest(run, cell, good, bad, repo, build), results_dir, console)
-    console.print(f"first bad commit: [bold]{result.first_bad}[/] (last good {result.last_good}; "
+    result = run_bisect(BisectRequest(run, cell, good, bad, repo, build), results_dir, console())
+    console().print(f"first bad commit: [bold]{result.first_bad}[/] (last good {result.last_good}; "
                   f"{len(result.probes)} probes)")
 
 

@@ -9,9 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-
 from harness.codes import Status, status_counts
 from harness.engine.launch import planned_argv
 from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url
@@ -19,6 +16,7 @@ from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.table import Table
 
     from harness.records import CellResult, RunInfo
@@ -36,35 +34,40 @@ def plan_json(loaded: LoadedSuite, matrix: Matrix) -> str:
         "skipped": [{"cell_id": s.cell_id, "reason": s.reason} for s in matrix.skipped]}, indent=2)
 
 
-def print_plan(console: Console, loaded: LoadedSuite, matrix: Matrix) -> None:
+def print_plan(loaded: LoadedSuite, matrix: Matrix) -> None:
     """`regress plan`: the cells a line each (id, tp, server flags), the GPU-slots they need, and the
     excluded cells by reason. Plain aligned lines, not a rich Table: measuring a 72-row table's
-    columns took 0.14 s of the command's ~0.4 s of CPU, and a line per cell greps well in CI logs."""
-    console.print(f"[bold]{escape(loaded.suite.suite)}: {len(matrix.cells)} cells ({loaded.suite.engine})[/]")
+    columns took 0.14 s of the command's ~0.4 s of CPU, and a line per cell greps well in CI logs.
+    Printed through typer's echo, not rich: rich's import alone is ~50 ms of CPU. Styles show on a
+    terminal only, as with rich."""
+    import typer
+
+    def dim(text: str) -> None:
+        typer.echo(typer.style(text, dim=True))
+
+    typer.echo(typer.style(f"{loaded.suite.suite}: {len(matrix.cells)} cells ({loaded.suite.engine})", bold=True))
     names = [cell.cell_id + (" (reference)" if cell.is_reference else "") for cell in matrix.cells]
     width = max(map(len, names), default=4)
     lines = [f"{'cell':<{width}}  tp  server flags"]
     lines += [f"{name:<{width}}  {cell.model.tp:>2}  {' '.join(cell.flags) or '-'}"
               for name, cell in zip(names, matrix.cells, strict=True)]
-    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    typer.echo("\n".join(lines))
     references = sorted({cell.reference_cell for cell in matrix.cells if cell.reference_cell})
-    # Not highlighted: rich's highlighter runs its regexes over every character (ids, numbers).
-    console.print("each cell is compared with its model's reference: " + ", ".join(references),
-                  markup=False, highlight=False, soft_wrap=True)
+    typer.echo("each cell is compared with its model's reference: " + ", ".join(references))
     gpus = sum(c.model.tp for c in matrix.cells)
-    console.print(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
-                  f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}", highlight=False)
+    typer.echo(f"{len(matrix.cells)} cells, {gpus} GPU-slots in all; questions per cell: "
+               f"{loaded.suite.num_questions or 'all 1319'}; protocol {loaded.suite.protocol}")
     if any("auto" in values for values in loaded.suite.axes.values() if isinstance(values, list)):
-        console.print("[dim]`auto` is shown as sglang's documented backends; `run` reads them from the "
-                      "installed sglang on a worker[/]")
+        dim("`auto` is shown as sglang's documented backends; `run` reads them from the installed sglang "
+            "on a worker")
     by_reason: dict[str, list[str]] = {}
     for skipped in matrix.skipped:
         by_reason.setdefault(skipped.reason, []).append(skipped.cell_id)
     for reason, ids in by_reason.items():
         shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more; --json lists all)" if len(ids) > 3 else "")
-        console.print(f"[dim]excluded {len(ids)}: {escape(reason)}: {escape(shown)}[/]", highlight=False, soft_wrap=True)
+        dim(f"excluded {len(ids)}: {reason}: {shown}")
     for warning in loaded.suite.warnings():
-        warner(console)(warning)
+        typer.echo(typer.style("warning", fg="yellow") + f": {warning}")
 
 
 def _accuracy(result: CellResult) -> str:
@@ -111,6 +114,8 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
             console.print(f"  [{result.status.colour}]{result.status.value}[/] {result.cell_id}: {result.reason}")
     console.print(f"results: {results_path}")
     if info.results_error:
+        from rich.markup import escape
+
         console.print(f"[bold red]results not all written[/]: {escape(info.results_error)}")
     if info.tracking_error:
         console.print(f"[yellow]MLflow not updated[/]: {info.tracking_error}")
@@ -125,6 +130,8 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
 
 def warner(console: Console) -> Callable[[str], None]:
     """A function that prints one warning line on `console` (the text is not read as rich markup)."""
+    from rich.markup import escape
+
     return lambda message: console.print(f"[yellow]warning[/]: {escape(message)}")
 
 
