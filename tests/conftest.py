@@ -11,6 +11,24 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 
+# `make test` runs the modules on pytest-xdist workers, a whole module to one worker (--dist loadscope:
+# a module's fixtures, such as the real-engine run, are made once). In a serial run a third of the
+# cores' time was idle: tests waiting on the processes they start. These modules take longest (seconds
+# under `make test` on a quiet 2-core machine, two workers: docs/benchmarks.md, "The test suite
+# (session 17)"); they go out first, so that none of them starts last and runs alone at the end.
+LONGEST_FIRST = (
+    "tests/real_engine/test_real_sglang.py",  # 290 s: five real sglang servers
+    "tests/test_incident_demo.py",  # 210 s: 32 simulated cells, 23,000 questions
+    "tests/test_benchmarks.py",  # 170 s: every benchmark's quick mode
+    "tests/test_run_end_to_end.py",  # 140 s
+    "tests/test_mlflow_server.py",  # 115 s: an `mlflow server`, stopped mid-run
+    "tests/test_interrupt.py",  # 75 s
+    "tests/test_pr_and_bisect.py",  # 70 s
+    "tests/engine/test_cluster.py",  # 65 s: a second Ray node
+    "tests/test_faults.py",  # 60 s
+    "tests/engine/test_sglang_check.py",  # 55 s: real sglang's parser
+)
+
 
 def gsm8k_folder() -> Path:
     configured = os.environ.get("REGRESS_GSM8K_PATH")
@@ -19,6 +37,18 @@ def gsm8k_folder() -> Path:
         pytest.exit(f"GSM8K not found at {folder}; set REGRESS_GSM8K_PATH to a folder with test.jsonl and "
                     "train.jsonl", returncode=2)
     return folder
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules of LONGEST_FIRST first, in that order; the rest as collected."""
+    rank = {module: index for index, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker per core, at most 4. Each worker starts its own local Ray and servers, and
+    beyond 4 the longest module (the real-engine run) bounds the wall time anyway."""
+    return max(1, min(os.cpu_count() or 1, 4))
 
 
 @pytest.fixture(scope="session", autouse=True)

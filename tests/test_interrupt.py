@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.run.ray.slot_actor import orphaned_log_folders
+from harness.run.ray.slot_actor import log_folder_pid, orphaned_log_folders
 from tests.helpers import INCIDENT_WORLD, ROOT, machine_s
 from tests.test_faults import processes_mentioning
 
@@ -49,16 +49,27 @@ def wait_for_lines(results: Path, at_least: int) -> Path:
     raise AssertionError(f"fewer than {at_least} cells finished in time")
 
 
-def interrupt(command: list[str], results: Path, at_least: int, stop_signal: signal.Signals) -> tuple[Path, list[str]]:
-    """Start `command`, send `stop_signal` once `at_least` cells are written; the lines kept."""
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def interrupt(command: list[str], results: Path, at_least: int, stop_signal: signal.Signals,
+              world_path: Path) -> tuple[Path, list[str], set[int]]:
+    """Start `command`, send `stop_signal` once `at_least` cells are written: the lines kept, and the
+    slots that were serving a cell of this test's world then (the parents of its simulated servers;
+    the stop kills them mid-cell). Other tests may kill slots of their own meanwhile (pytest-xdist)."""
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cells_file = wait_for_lines(results, at_least)
+    serving = {parent_of(pid) for pid in processes_mentioning(str(world_path))} - {None}
     process.send_signal(stop_signal)
     _, stderr = process.communicate(timeout=machine_s(60))
     assert process.returncode == 130, stderr[-3000:]
     run_info = json.loads((cells_file.parent / "run.json").read_text())
     assert run_info["interrupted"] is True
-    return cells_file, cells_file.read_text().splitlines()
+    return cells_file, cells_file.read_text().splitlines(), serving
 
 
 @pytest.mark.slow
@@ -68,12 +79,13 @@ def test_ctrl_c_then_sigterm_keep_finished_cells_and_each_resume_runs_only_the_r
     suite_path, world_path = slow_suite(tmp_path)
     results = tmp_path / "results"
     run = [REGRESS, "run", str(suite_path), "--results-dir", str(results), "--quiet"]
-    cells_file, finished = interrupt(run, results, 2, signal.SIGINT)
+    cells_file, finished, killed = interrupt(run, results, 2, signal.SIGINT, world_path)
     assert 2 <= len(finished) < 8
     time.sleep(1)
     assert processes_mentioning(str(world_path)) == []
     run_id = json.loads((cells_file.parent / "run.json").read_text())["run_id"]
-    _, kept = interrupt([*run, "--resume", run_id], results, len(finished) + 1, signal.SIGTERM)
+    _, kept, killed_again = interrupt([*run, "--resume", run_id], results, len(finished) + 1, signal.SIGTERM,
+                                      world_path)
     assert kept[:len(finished)] == finished and len(finished) < len(kept) < 8
     time.sleep(1)
     assert processes_mentioning(str(world_path)) == []
@@ -85,7 +97,9 @@ def test_ctrl_c_then_sigterm_keep_finished_cells_and_each_resume_runs_only_the_r
     assert len({json.loads(line)["cell_id"] for line in lines}) == 8
     assert json.loads((cells_file.parent / "run.json").read_text())["interrupted"] is False
     # The cells killed by the two stops left their log folders; the cells run since removed them.
-    assert orphaned_log_folders(Path(tempfile.gettempdir())) == []
+    killed |= killed_again
+    assert killed
+    assert [f for f in orphaned_log_folders(Path(tempfile.gettempdir())) if log_folder_pid(f) in killed] == []
 
 
 def test_unreachable_tracking_server_costs_no_results(ray_local, tmp_path):

@@ -63,6 +63,12 @@ class GpuSlot:
 LOG_FOLDER_PREFIX = "regress-cell-"  # then the slot's pid, a dash, and tempfile's random part
 
 
+def log_folder_pid(path: Path) -> int | None:
+    """The pid of the slot that made this cell log folder (None for a name not of that form)."""
+    pid = path.name[len(LOG_FOLDER_PREFIX):].split("-", 1)[0]
+    return int(pid) if path.name.startswith(LOG_FOLDER_PREFIX) and pid.isdigit() else None
+
+
 def orphaned_log_folders(folder: Path) -> list[Path]:
     """The cell log folders in `folder` whose slot process is gone. A slot killed mid-cell (a
     fail-fast or interrupted run stops its running cells; a lost worker) never leaves its `with`, so
@@ -72,11 +78,11 @@ def orphaned_log_folders(folder: Path) -> list[Path]:
 
     orphans = []
     for path in folder.glob(f"{LOG_FOLDER_PREFIX}*-*"):
-        pid = path.name[len(LOG_FOLDER_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        pid = log_folder_pid(path)
+        if pid is None or pid == os.getpid():
             continue
         try:
-            os.kill(int(pid), 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
             orphans.append(path)
         except PermissionError:
