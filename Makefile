@@ -63,8 +63,8 @@ cpu-model: sglang-env
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-# A worker per core (at most 4), a whole test module to one worker, the longest modules first
-# (tests/conftest.py): on 2 cores, 13 min 45 s instead of 16-17 min serial (docs/benchmarks.md).
+# A worker per core (at most 4), a whole test module to one worker, the long modules first
+# (tests/conftest.py): on 2 quiet cores 12 min 26 s, where one stream took 16-17 min (docs/benchmarks.md).
 PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
 
 test: venv browser sglang-env

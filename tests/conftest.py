@@ -12,21 +12,21 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 
 # `make test` runs the modules on pytest-xdist workers, a whole module to one worker (--dist loadscope:
-# a module's fixtures, such as the real-engine run, are made once). In a serial run a third of the
-# cores' time was idle: tests waiting on the processes they start. These modules take longest (seconds
-# under `make test` on a quiet 2-core machine, two workers: docs/benchmarks.md, "The test suite
-# (session 17)"); they go out first, so that none of them starts last and runs alone at the end.
+# a module's fixtures, such as the real-engine run, are made once). The long modules go out first, so
+# that none of them starts last and runs alone while the other workers have finished. Seconds each
+# took under `make test` on 2 quiet cores (two workers; docs/benchmarks.md, "The test suite (session
+# 17)"); in that run the workers finished 8 s apart.
 LONGEST_FIRST = (
-    "tests/real_engine/test_real_sglang.py",  # 290 s: five real sglang servers
-    "tests/test_incident_demo.py",  # 210 s: 32 simulated cells, 23,000 questions
-    "tests/test_benchmarks.py",  # 170 s: every benchmark's quick mode
-    "tests/test_run_end_to_end.py",  # 140 s
-    "tests/test_mlflow_server.py",  # 115 s: an `mlflow server`, stopped mid-run
-    "tests/test_interrupt.py",  # 75 s
-    "tests/test_pr_and_bisect.py",  # 70 s
-    "tests/engine/test_cluster.py",  # 65 s: a second Ray node
-    "tests/test_faults.py",  # 60 s
-    "tests/engine/test_sglang_check.py",  # 55 s: real sglang's parser
+    "tests/real_engine/test_real_sglang.py",  # 334 s: five real sglang servers
+    "tests/test_incident_demo.py",  # 109 s: 32 simulated cells, 23,000 questions
+    "tests/test_benchmarks.py",  # 136 s: every benchmark's quick mode
+    "tests/test_run_end_to_end.py",  # 87 s
+    "tests/test_mlflow_server.py",  # 118 s: an `mlflow server`, stopped mid-run
+    "tests/test_interrupt.py",  # 90 s
+    "tests/test_pr_and_bisect.py",  # 95 s
+    "tests/engine/test_cluster.py",  # 62 s: a second Ray node
+    "tests/test_faults.py",  # 100 s
+    "tests/engine/test_sglang_check.py",  # 49 s: real sglang's parser
 )
 
 

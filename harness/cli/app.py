@@ -83,8 +83,8 @@ class RegressCommands(TyperGroup):
 
             where = f" ({error.filename})" if error.filename else ""
             err_console().print(f"[bold red]error[/]: could not write{escape(where)}: {error.strerror or error}; the cells "
-                              "judged so far are kept: free space, then `regress run SUITE --resume RUN_ID` runs "
-                              "the rest", highlight=False, soft_wrap=True)
+                                "judged so far are kept: free space, then `regress run SUITE --resume RUN_ID` runs "
+                                "the rest", highlight=False, soft_wrap=True)
             raise typer.Exit(ExitCode.UNDECIDED) from None
 
 

@@ -204,6 +204,6 @@ def check(
     console().print(table)
     refused = [item for item in checked if item.refused]
     console().print(f"{len(checked) - len(refused)} of {len(checked)} cells accepted, {len(refused)} refused, "
-                  f"in {time.monotonic() - started:.1f} s"
-                  + (f" (stand-ins for {', '.join(checked[0].stand_ins)})" if checked and checked[0].stand_ins else ""))
+                    f"in {time.monotonic() - started:.1f} s"
+                    + (f" (stand-ins for {', '.join(checked[0].stand_ins)})" if checked and checked[0].stand_ins else ""))
     raise typer.Exit(ExitCode.REGRESSIONS if refused else ExitCode.GREEN)

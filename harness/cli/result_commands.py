@@ -122,7 +122,7 @@ def sync(
     store = resolve_run(results_dir, run_id)
     info, logged = sync_run(store, tracking_uri or default_tracking_uri(store.root))
     console().print(f"synced {info.run_id}: {logged} cell run(s) logged now; parent run {info.mlflow_run_id} "
-                  f"in {info.tracking_uri}")
+                    f"in {info.tracking_uri}")
 
 
 @app.command()

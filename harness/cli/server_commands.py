@@ -96,7 +96,7 @@ def bisect(
     run = RunRequest(suite, num_questions=num_questions, extend_to=0, gsm8k_path=gsm8k_path)
     result = run_bisect(BisectRequest(run, cell, good, bad, repo, build), results_dir, console())
     console().print(f"first bad commit: [bold]{result.first_bad}[/] (last good {result.last_good}; "
-                  f"{len(result.probes)} probes)")
+                    f"{len(result.probes)} probes)")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
