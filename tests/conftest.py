@@ -45,10 +45,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity, and a cgroup v2 CPU quota where one is set
+    (a CI container on a large host sees all the host's cores in `os.cpu_count()`)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cpu_max.read_text().split()
+        if quota != "max":
+            cores = min(cores, int(quota) // int(period))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: a worker per core, at most 4. Each worker starts its own local Ray and servers, and
-    beyond 4 the longest module (the real-engine run) bounds the wall time anyway."""
-    return max(1, min(os.cpu_count() or 1, 4))
+    """`-n auto`: a worker per usable core, at most 4. Each worker starts its own local Ray and
+    servers, and beyond 4 the longest module (the real-engine run) bounds the wall time anyway."""
+    return min(usable_cores(), 4)
 
 
 @pytest.fixture(scope="session", autouse=True)

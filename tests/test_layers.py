@@ -123,10 +123,3 @@ def test_regress_plan_loads_none_of_the_heavy_libraries():
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
 
-
-def test_every_module_sent_out_first_exists():
-    """tests/conftest.py's LONGEST_FIRST orders the modules pytest-xdist hands out; a renamed module
-    would silently go back to its collected place (and could start last and run alone)."""
-    from tests.conftest import LONGEST_FIRST
-
-    assert [module for module in LONGEST_FIRST if not (ROOT / module).is_file()] == []
