@@ -92,6 +92,49 @@ def _with_death_signal(argv: list[str]) -> list[str]:
     return [argv[0], "-c", _DEATH_SIGNAL_LAUNCHER, str(os.getpid()), *argv]
 
 
+# Every process of a launched server (sglang's schedulers and detokenizer too) inherits the pid of
+# the process that launched it, so that those the parent-death signal misses can be found. Seen once:
+# sglang's detokenizer, which arms a parent-death signal of its own as it starts, still running (its
+# parent pid 1) an hour after a test session was aborted while its server started.
+LAUNCHER_PID_VAR = "REGRESS_LAUNCHER_PID"
+
+
+def orphaned_server_pids() -> list[int]:
+    """This user's processes that carry LAUNCHER_PID_VAR naming a process that no longer exists."""
+    needle = f"{LAUNCHER_PID_VAR}=".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        launcher = next((item[len(needle):] for item in environ.split(b"\0") if item.startswith(needle)), b"")
+        if launcher.isdigit() and not _exists(int(launcher)):
+            found.append(int(entry))
+    return found
+
+
+def kill_orphaned_servers() -> list[int]:
+    """SIGKILL the processes of servers whose launcher is gone (`orphaned_server_pids`); their pids."""
+    killed = orphaned_server_pids()
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return killed
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def health_probe_timeout_s(env: dict[str, str]) -> float:
     """How long a hang probe waits for /health_generate: sglang's own health check may take
     SGLANG_HEALTH_CHECK_TIMEOUT (20 s by default) before it answers, plus a margin."""
@@ -190,7 +233,7 @@ class ServerProcess:
     def _launch(self) -> None:
         self.port = free_port()
         self.argv = self.spec.argv(self.port, free_port())
-        env = {**os.environ, **self.spec.environment()}
+        env = {**os.environ, **self.spec.environment(), LAUNCHER_PID_VAR: str(os.getpid())}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())

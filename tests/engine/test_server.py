@@ -14,7 +14,7 @@ import pytest
 
 from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.benchmark.gsm8k.protocol import build_plan
-from harness.engine.server import ServerProcess, group_members
+from harness.engine.server import ServerProcess, group_members, kill_orphaned_servers, orphaned_server_pids
 from harness.errors import ServerError
 from tests.helpers import ROOT, fault_world, machine_s, make_cell, sim_spec
 
@@ -110,6 +110,53 @@ asyncio.run(main())
     while group_members(group) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert group_members(group) == []
+
+
+def test_a_server_process_that_outlives_its_launcher_is_killed_by_the_next_sweep(tmp_path):
+    """A process of the server without a parent-death signal of its own (the simulator's helper, as
+    an sglang child that armed its signal too late) lives on when the slot is killed outright: the
+    sweep a slot runs before each cell finds it by the launcher pid it carries and kills it. A
+    server whose launcher lives is left alone."""
+    script = tmp_path / "parent.py"
+    script.write_text(f"""
+import asyncio, json, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from harness.engine.server import ServerProcess
+from tests.helpers import make_cell, sim_spec
+async def main():
+    spec = sim_spec(make_cell({{"attention_backend": "triton"}}), world=Path({str(fault_world(tmp_path, spawn_grandchild=True))!r}))
+    server = ServerProcess(spec, Path({str(tmp_path / 's.log')!r}))
+    await server.start()
+    print(json.dumps({{"group": server.process.pid}}), flush=True)
+    time.sleep(600)
+asyncio.run(main())
+""")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    living = ServerProcess(sim_spec(CELL), tmp_path / "living.log")
+    group = 0
+    try:
+        group = json.loads(parent.stdout.readline())["group"]
+        asyncio.run(living.start())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + machine_s(10)
+        while group in group_members(group) and time.monotonic() < deadline:  # the server: its death signal
+            time.sleep(0.1)
+        helper = group_members(group)
+        assert len(helper) == 1 and group not in helper  # the helper lives on
+        assert set(helper) <= set(orphaned_server_pids())
+        assert living.process.pid not in orphaned_server_pids()
+        assert set(helper) <= set(kill_orphaned_servers())
+        while group_members(group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_members(group) == [] and living.process.poll() is None
+    finally:
+        parent.kill()
+        living.stop()
+        for pid in group_members(group) if group else []:
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_address_in_use_retries_on_another_port(tmp_path, monkeypatch):

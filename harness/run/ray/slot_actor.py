@@ -53,8 +53,12 @@ class GpuSlot:
         import os
         import tempfile
 
+        from harness.engine.server import kill_orphaned_servers
         from harness.run.cell import run_cell
 
+        # What slots killed on this node left behind: server processes that outlived their parent-death
+        # signal, and log folders.
+        kill_orphaned_servers()
         sweep_orphaned_log_folders(Path(tempfile.gettempdir()))
         with tempfile.TemporaryDirectory(prefix=f"{LOG_FOLDER_PREFIX}{os.getpid()}-") as log_dir:
             return asyncio.run(run_cell(job, plan, Path(log_dir), node_id()))
