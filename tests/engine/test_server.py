@@ -113,10 +113,10 @@ asyncio.run(main())
 
 
 def test_a_server_process_that_outlives_its_launcher_is_killed_by_the_next_sweep(tmp_path):
-    """A process of the server without a parent-death signal of its own (the simulator's helper, as
-    an sglang child that armed its signal too late) lives on when the slot is killed outright: the
-    sweep a slot runs before each cell finds it by the launcher pid it carries and kills it. A
-    server whose launcher lives is left alone."""
+    """A process of the server that its parent's death does not take along (the simulator's helper;
+    sglang's detokenizer was once seen to outlive its server) lives on when the slot is killed
+    outright: the sweep a slot runs before each cell finds it by the launcher pid it carries and kills
+    it. A server whose launcher lives is left alone."""
     script = tmp_path / "parent.py"
     script.write_text(f"""
 import asyncio, json, sys, time
@@ -139,17 +139,18 @@ asyncio.run(main())
     try:
         group = json.loads(parent.stdout.readline())["group"]
         asyncio.run(living.start())
+        assert len(group_members(group)) == 2  # the server and its helper, while their launcher lives
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + machine_s(10)
         while group in group_members(group) and time.monotonic() < deadline:  # the server: its death signal
             time.sleep(0.1)
-        helper = group_members(group)
-        assert len(helper) == 1 and group not in helper  # the helper lives on
-        assert set(helper) <= set(orphaned_server_pids())
+        assert group not in group_members(group)
         assert living.process.pid not in orphaned_server_pids()
-        assert set(helper) <= set(kill_orphaned_servers())
+        # The helper lived on. A sweep finds it by its launcher's pid and kills it: this one, or one of
+        # another pytest-xdist worker's slots meanwhile (the same code).
         while group_members(group) and time.monotonic() < deadline:
+            kill_orphaned_servers()
             time.sleep(0.1)
         assert group_members(group) == [] and living.process.poll() is None
     finally:
