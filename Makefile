@@ -64,7 +64,8 @@ browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
 # A worker per core (at most 4), a whole test module to one worker, the long modules first
-# (tests/conftest.py): on 2 quiet cores 12 min 26 s, where one stream took 16-17 min (docs/benchmarks.md).
+# (tests/conftest.py): on 2 quiet cores 12 min 26 s to 14 min 10 s, where one stream took 16-17 min
+# (docs/benchmarks.md).
 PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
 
 test: venv browser sglang-env
