@@ -111,7 +111,7 @@ def orphaned_server_pids() -> list[int]:
         except OSError:  # gone meanwhile, or another user's
             continue
         launcher = next((item[len(needle):] for item in environ.split(b"\0") if item.startswith(needle)), b"")
-        if launcher.isdigit() and not _exists(int(launcher)):
+        if launcher.isdigit() and not process_exists(int(launcher)):
             found.append(int(entry))
     return found
 
@@ -125,7 +125,8 @@ def kill_orphaned_servers() -> list[int]:
     return killed
 
 
-def _exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process has this pid (one this process may not signal counts: it exists)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

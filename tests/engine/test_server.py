@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,8 +85,9 @@ def test_stop_leaves_no_process_of_the_group(tmp_path, fault):
     assert group_members(group) == [] and server.leftover_pids == []
 
 
-def test_server_dies_with_the_process_that_started_it(tmp_path):
-    """A Ray worker killed outright takes its server along (parent-death signal)."""
+def server_in_a_parent(tmp_path: Path, world: Path | None = None) -> tuple[subprocess.Popen, int]:
+    """A process (as a Ray worker would be) that starts a simulated server of `world` and sleeps: it,
+    and its server's pid, which is also the server's process group."""
     script = tmp_path / "parent.py"
     script.write_text(f"""
 import asyncio, json, sys, time
@@ -94,7 +96,8 @@ from pathlib import Path
 from harness.engine.server import ServerProcess
 from tests.helpers import make_cell, sim_spec
 async def main():
-    server = ServerProcess(sim_spec(make_cell({{"attention_backend": "triton"}})), Path({str(tmp_path / 's.log')!r}))
+    spec = sim_spec(make_cell({{"attention_backend": "triton"}}), world={str(world) if world else None!r})
+    server = ServerProcess(spec, Path({str(tmp_path / 's.log')!r}))
     await server.start()
     print(json.dumps({{"group": server.process.pid}}), flush=True)
     time.sleep(600)
@@ -102,7 +105,12 @@ asyncio.run(main())
 """)
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
-    group = json.loads(parent.stdout.readline())["group"]
+    return parent, json.loads(parent.stdout.readline())["group"]
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path):
+    """A Ray worker killed outright takes its server along (parent-death signal)."""
+    parent, group = server_in_a_parent(tmp_path)
     assert group_members(group)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
@@ -117,27 +125,9 @@ def test_a_server_process_that_outlives_its_launcher_is_killed_by_the_next_sweep
     sglang's detokenizer was once seen to outlive its server) lives on when the slot is killed
     outright: the sweep a slot runs before each cell finds it by the launcher pid it carries and kills
     it. A server whose launcher lives is left alone."""
-    script = tmp_path / "parent.py"
-    script.write_text(f"""
-import asyncio, json, sys, time
-sys.path.insert(0, {str(ROOT)!r})
-from pathlib import Path
-from harness.engine.server import ServerProcess
-from tests.helpers import make_cell, sim_spec
-async def main():
-    spec = sim_spec(make_cell({{"attention_backend": "triton"}}), world=Path({str(fault_world(tmp_path, spawn_grandchild=True))!r}))
-    server = ServerProcess(spec, Path({str(tmp_path / 's.log')!r}))
-    await server.start()
-    print(json.dumps({{"group": server.process.pid}}), flush=True)
-    time.sleep(600)
-asyncio.run(main())
-""")
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    parent, group = server_in_a_parent(tmp_path, fault_world(tmp_path, spawn_grandchild=True))
     living = ServerProcess(sim_spec(CELL), tmp_path / "living.log")
-    group = 0
     try:
-        group = json.loads(parent.stdout.readline())["group"]
         asyncio.run(living.start())
         assert len(group_members(group)) == 2  # the server and its helper, while their launcher lives
         parent.send_signal(signal.SIGKILL)
@@ -156,7 +146,7 @@ asyncio.run(main())
     finally:
         parent.kill()
         living.stop()
-        for pid in group_members(group) if group else []:
+        for pid in group_members(group):
             os.kill(pid, signal.SIGKILL)
 
 

@@ -80,18 +80,10 @@ def orphaned_log_folders(folder: Path) -> list[Path]:
     (or whose owner this process may not signal) is not one."""
     import os
 
-    orphans = []
-    for path in folder.glob(f"{LOG_FOLDER_PREFIX}*-*"):
-        pid = log_folder_pid(path)
-        if pid is None or pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            orphans.append(path)
-        except PermissionError:
-            pass
-    return orphans
+    from harness.engine.server import process_exists
+
+    return [path for path in folder.glob(f"{LOG_FOLDER_PREFIX}*-*")
+            if (pid := log_folder_pid(path)) is not None and pid != os.getpid() and not process_exists(pid)]
 
 
 def sweep_orphaned_log_folders(folder: Path) -> None:
