@@ -3,21 +3,22 @@ handler; the commands live by what they work on: a suite's matrix, one server, f
 
 from __future__ import annotations
 
+import os
+
+# Pydantic looks for plugins in every installed package's entry points when it builds its first
+# validator, for plugins regress does not use (~10 ms of CPU with this venv's ~150 packages,
+# docs/benchmarks.md). That first build happens while the commands below are imported (the suite's
+# default sections), so this comes first. An explicit PYDANTIC_DISABLE_PLUGINS wins; the processes
+# regress starts inherit it (Ray workers, servers: they use no pydantic plugin).
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 from harness.cli import matrix_commands, result_commands, server_commands  # noqa: F401 - they register commands
 from harness.cli.app import app, print_error
 
 
 def main() -> int:
     """The `regress` entry point: Ray's token authentication is set up before any command imports Ray."""
-    import os
-
     from harness.errors import RegressError
-
-    # Pydantic looks for plugins in every installed package's entry points when the first model is
-    # validated, for plugins regress does not use (`regress plan`: 0.50 s -> 0.43 s of CPU, the least
-    # of 8 runs on a loaded 2-core machine; docs/benchmarks.md). Set before
-    # any suite is read; an explicit PYDANTIC_DISABLE_PLUGINS wins; servers inherit it (they use none).
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from harness.run.ray.auth import require_token_auth
 
     try:
