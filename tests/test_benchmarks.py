@@ -17,6 +17,7 @@ QUICK = {
                             "drift 0.5 pt/night, pinned: caught by night 4"),
     "scheduling.py": ("== first run", "makespan / lower bound", "== next run", "== early stop"),
     "driver_load.py": ("cells finished: 8 of 8", "driver peak memory"),
+    "orphan_sweep.py": ("the scan, median of", "us a process"),
     "evaluator_throughput.py": ("utilisation", "`regress eval` start to first request", "regress eval / lean: wall"),
 }
 
