@@ -100,7 +100,8 @@ LAUNCHER_PID_VAR = "REGRESS_LAUNCHER_PID"
 
 
 def orphaned_server_pids() -> list[int]:
-    """This user's processes that carry LAUNCHER_PID_VAR naming a process that no longer exists."""
+    """The processes whose environment this process may read (its user's; root: all) that carry
+    LAUNCHER_PID_VAR naming a process that no longer exists."""
     needle = f"{LAUNCHER_PID_VAR}=".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -132,7 +133,7 @@ def process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

@@ -60,12 +60,17 @@ def parse_yaml(text: str, path: str | Path) -> Any:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or str(error)
         if "maximum nesting depth" in problem:  # libyaml's own limit (1,000 levels)
-            raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+            raise _too_deep(path) from None
         raise ConfigError(f"{path}: YAML syntax error{where}: {problem.splitlines()[0]}") from None
     except RecursionError:  # PyYAML's Python composer recurses once per level
-        raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+        raise _too_deep(path) from None
     _check_bounds(data, path)
     return data
+
+
+def _too_deep(path: str | Path) -> ConfigError:
+    """One refusal for nesting past MAX_DEPTH, whether the parser's own limit or the walk finds it."""
+    return ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels")
 
 
 class _DuplicateKey(ValueError):
@@ -109,7 +114,7 @@ def _check_bounds(data: Any, path: str | Path) -> None:
             raise ConfigError(f"{path}: more than {MAX_VALUES:,} values once its YAML aliases are expanded "
                               "(an alias bomb?); write the values out")
         if depth > MAX_DEPTH:
-            raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+            raise _too_deep(path)
         if isinstance(value, dict):
             stack.extend((item, depth + 1) for pair in value.items() for item in pair)
         elif isinstance(value, list):
