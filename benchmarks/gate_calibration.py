@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import yaml
 from rich.console import Console
 from scipy.stats import binom, binomtest, norm
 
@@ -64,35 +65,49 @@ from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET, build_plan,
 from harness.benchmark.scoring import score  # noqa: E402
 from harness.gate.sequential import EarlyStop, Looks  # noqa: E402
 from harness.gate.stats import _tango_z, drop_above_margin_p  # noqa: E402
-from harness.records import CellOutcome, QuestionRecord, Status  # noqa: E402
+from harness.records import (  # noqa: E402
+    CellOutcome,
+    CellResult,
+    QuestionRecord,
+    RunInfo,
+    Status,
+    Timings,
+    status_counts,
+)
 from harness.results.sinks import Sinks  # noqa: E402
 from harness.run.build import RunInputs  # noqa: E402
 from harness.run.extension import extend  # noqa: E402
 from harness.run.gating import Gating  # noqa: E402
-from harness.run.history import BASELINE_STATUSES  # noqa: E402
-from harness.run.pipeline import run_budget  # noqa: E402
+from harness.run.history import History  # noqa: E402
+from harness.run.pipeline import extends, run_budget  # noqa: E402
+from harness.run.relaunch import relaunch  # noqa: E402
 from harness.suite.config import load_suite  # noqa: E402
 from harness.suite.matrix import Cell, Matrix, expand  # noqa: E402
 
 QUIET = Console(quiet=True)
-DIFFICULTY = (0.9, 0.1)  # Beta parameters of p_q
-CELL_REDRAW = 0.168  # 1 - (1 - 0.168)(1 - 0.15) = 0.293: two cells disagree on 1 - (1 - 0.293)^2 = 50% of E[2p(1-p)] = 9%
-NIGHT_REDRAW = 0.15  # a cell's two nights: 1 - 0.85^2 = 27.8% of 9% = 2.5%
-OFFSET_SD = 0.005
+CONCENTRATION = 1.0  # Beta(accuracy * c, (1 - accuracy) * c): most questions easy or impossible, some in between
+CELL_REDRAW = 0.168  # a configuration's own answers: two healthy cells of a 0.9 model disagree on ~4.5% of questions
+NIGHT_REDRAW = 0.15  # a launch's own answers: two launches of a cell of a 0.9 model disagree on ~2.5%
+OFFSET_SD = 0.005  # each healthy cell's fixed backend offset from its reference
+LAUNCH_SD = 0.005  # each launch's whole-launch shift (the issue's fleet: half a point)
+# What a launch costs in GPU-seconds (an assumption; only ratios are reported): the server's start
+# (weights loaded, graphs captured) per GPU, and a question's share of the evaluation at 256 in flight.
+STARTUP_S = {1: 150.0, 2: 300.0}
+QUESTION_S = 0.1
+WARMUP_NIGHTS = 5  # nights played before a "with history" night: the history test pools up to 5
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
     offsets: bool = True  # healthy cells carry fixed backend offsets N(0, OFFSET_SD)
-    launch_sd: float = 0.0  # each launch moves by N(0, launch_sd)
-    launch_sd_known: bool = True  # the suite's models carry launch_sd (as `regress calibrate` measures it)
     at_tolerance: bool = False  # least favourable: every non-reference cell exactly `tolerance` down, floor at it
-    second_night_shift: float = 0.0  # the first model, reference included, on the judged night
-    first_night_shift: float = 0.0  # the first model, reference included, on the first night
+    shift: float = 0.0  # the first model, reference included, from the judged night on (build shift, break)
+    first_night_only: bool = False  # the judged night is a first night (no history)
     dropped: float = 0.0  # one cell of the first model, from the judged night on
-    drift: float = 0.0  # the first model loses this much a night from night 1 on
-    pinned: bool = True  # gate.pinned_run auto (else none)
+    drift: float = 0.0  # a drift a night, from night 1 on (pinned to night 0)
+    drift_model_wide: bool = False  # the drift moves every cell of the first model (its reference too)
+    nights_after: int = 1  # nights judged from the drop on (red within them)
 
 
 @dataclass
@@ -109,19 +124,22 @@ class World:
     seed: int
     questions: list[int]
     models: dict[str, Model]
+    launch_sd: float
     offsets: dict[str, float] = field(default_factory=dict)  # cell -> fixed offset (points as a fraction)
 
     @classmethod
-    def draw(cls, seed: int, questions: list[int], inputs: RunInputs, scenario: Scenario,
+    def draw(cls, seed: int, questions: list[int], inputs: RunInputs, scenario: Scenario, launch_sd: float,
              exact: frozenset[str] = frozenset()) -> World:
-        """`exact`: cells with no backend offset (a dropped cell's true drop is then exactly its drop)."""
+        """Each model's questions drawn around its shipped accuracy (the suite's `accuracy`); `exact`:
+        cells with no backend offset (a dropped cell's true drop is then exactly its drop)."""
         rng = np.random.default_rng(seed)
         test = np.array([q < EXTENSION_INDEX_OFFSET for q in questions])
         models = {}
         for model in inputs.loaded.suite.models:
-            p = rng.beta(*DIFFICULTY, size=len(questions))
+            mean = model.accuracy or 0.9
+            p = rng.beta(mean * CONCENTRATION, (1 - mean) * CONCENTRATION, size=len(questions))
             models[model.id] = Model(p=p, typical=rng.random(len(questions)) < p, accuracy=float(p[test].mean()))
-        world = cls(seed, questions, models)
+        world = cls(seed, questions, models, launch_sd)
         tolerance = inputs.loaded.suite.gate.tolerance
         for cell in inputs.matrix.cells:
             if cell.is_reference or cell.cell_id in exact:
@@ -133,18 +151,18 @@ class World:
             world.offsets[cell.cell_id] = offset
         return world
 
-    def answers(self, cell: Cell, night: int, shift: float, launch_sd: float) -> np.ndarray:
-        """Night `night`'s answers of `cell` to every question: its configuration's fixed redraws and
-        offset, this launch's redraws and shift (`shift` plus N(0, launch_sd))."""
+    def answers(self, cell: Cell, night: int, launch: int, shift: float) -> np.ndarray:
+        """Launch `launch` of night `night` of `cell`, every question: its configuration's fixed redraws
+        and offset, this launch's redraws and shift (`shift` plus N(0, launch_sd))."""
         model = self.models[cell.model.id]
         size = len(self.questions)
         mine = np.random.default_rng([self.seed, zlib.crc32(cell.cell_id.encode())])
         answers = np.where(mine.random(size) < CELL_REDRAW, mine.random(size) < model.p, model.typical)
         answers = _shifted(answers, self.offsets[cell.cell_id], mine.random(size), model.accuracy)
-        launch = np.random.default_rng([self.seed, zlib.crc32(cell.cell_id.encode()), night + 1])
-        answers = np.where(launch.random(size) < NIGHT_REDRAW, launch.random(size) < model.p, answers)
-        moved = shift + (float(launch.normal(0, launch_sd)) if launch_sd else 0.0)
-        return _shifted(answers, moved, launch.random(size), model.accuracy)
+        this = np.random.default_rng([self.seed, zlib.crc32(cell.cell_id.encode()), night + 1, launch])
+        answers = np.where(this.random(size) < NIGHT_REDRAW, this.random(size) < model.p, answers)
+        moved = shift + (float(this.normal(0, self.launch_sd)) if self.launch_sd else 0.0)
+        return _shifted(answers, moved, this.random(size), model.accuracy)
 
 
 def _shifted(answers: np.ndarray, shift: float, draws: np.ndarray, accuracy: float) -> np.ndarray:
@@ -160,71 +178,90 @@ RECORDS: dict[tuple[int, bool], QuestionRecord] = {}
 
 
 def record(index: int, correct: bool) -> QuestionRecord:
-    """One answer (shared between cells: records are never changed once made)."""
+    """One answer (shared between cells: records are never changed once made; the gate renumbers
+    launches on copies)."""
     key = (index, correct)
     if key not in RECORDS:
         RECORDS[key] = QuestionRecord.model_construct(
-            index=index, prompt_sha="", gold="1", pred="1" if correct else "2", pred_strict=None, correct=correct,
-            correct_strict=correct, finish_reason="stop", output="", latency_s=0.0, output_tokens=1, attempts=1,
-            error=None, teacher=None)
+            index=index, split="test" if index < EXTENSION_INDEX_OFFSET else "train", prompt_sha="", gold="1",
+            pred="1" if correct else "2", pred_strict=None, correct=correct, correct_strict=correct,
+            finish_reason="stop", output="", latency_s=0.0, output_tokens=1, attempts=1, error=None, teacher=None,
+            cached_tokens=None, launch=0)
     return RECORDS[key]
 
 
-class MemoryHistory:
-    """Earlier nights as `History` reads them back: each cell's last answers that were not a
-    regression, and the pin (the first night that was not red, with `pinned_run: auto`)."""
+class MemoryArchive:
+    """Earlier nights as the product's `History` reads them (a `RunArchive` in memory): run.json,
+    cells.jsonl and every cell's questions, as `regress run` would have written them."""
 
-    def __init__(self, pinning: bool) -> None:
-        self.pinning = pinning
-        self.last: dict[str, tuple[str, CellOutcome]] = {}
-        self.pin: dict[str, tuple[str, CellOutcome]] | None = None
+    def __init__(self) -> None:
+        self.infos: list[RunInfo] = []
+        self.results: dict[str, list[CellResult]] = {}
+        self.answers: dict[tuple[str, str], list[QuestionRecord]] = {}
 
-    def baseline(self, cell_id: str) -> tuple[str, CellOutcome] | None:
-        return self.last.get(cell_id)
+    def runs(self, suite: str) -> list[RunInfo]:
+        return list(self.infos)
 
-    def pinned(self, cell_id: str) -> tuple[str, CellOutcome] | None:
-        return self.pin.get(cell_id) if self.pin else None
+    def cells(self, run_id: str) -> list[CellResult]:
+        return self.results.get(run_id, [])
 
-    def remember(self, night: int, verdicts: dict[str, tuple[Status, CellOutcome | None]]) -> None:
-        name = f"night-{night}"
-        for cell_id, (status, outcome) in verdicts.items():
-            if status in BASELINE_STATUSES and outcome is not None:
-                self.last[cell_id] = (name, outcome)
-        if self.pinning and self.pin is None and not any(s.is_regression for s, _ in verdicts.values()):
-            self.pin = {cell_id: (name, outcome) for cell_id, (status, outcome) in verdicts.items()
-                        if status in BASELINE_STATUSES and outcome is not None}
+    def questions(self, run_id: str, cell_id: str) -> list[QuestionRecord]:
+        return self.answers.get((run_id, cell_id), [])
+
+    def remember(self, night: int, gating: Gating) -> None:
+        run_id = f"night-{night:02d}"
+        results = list(gating.results().values())
+        self.infos.append(RunInfo(run_id=run_id, suite="bench", config_path="", config_sha256="", engine="sim",
+                                  harness_version="0", protocol="clean", protocol_fingerprint="fp",
+                                  started_at=f"2026-01-01T00:{night:02d}:00", ended_at=f"2026-01-01T00:{night:02d}:30",
+                                  counts=status_counts(results)))
+        self.results[run_id] = results
+        for result in results:
+            outcome = gating.answers(result.cell_id)
+            if outcome is not None:
+                self.answers[(run_id, result.cell_id)] = list(outcome.questions)
 
 
 @dataclass
 class Night:
-    """One night of a suite, played through the product's gating and extension."""
+    """One night of a suite, played through the product's gating, extension and relaunches."""
 
     inputs: RunInputs
     world: World
     number: int
-    shifts: dict[str, float]  # cell -> this launch's shift
-    launch_sd: float
+    shifts: dict[str, float]  # cell -> this night's true shift (a drop, a build shift, a drift)
+    cost_s: float = 0.0  # GPU-seconds the night's launches took (STARTUP_S, QUESTION_S)
+    launches: dict[str, int] = field(default_factory=dict)
 
-    def play(self, history: MemoryHistory | None) -> dict[str, tuple[Status, CellOutcome | None]]:
+    def play(self, archive: MemoryArchive | None) -> Gating:
         cells = list(self.inputs.matrix.cells)
         self.position = {q: i for i, q in enumerate(self.world.questions)}
-        self.tonight = {c.cell_id: self.world.answers(c, self.number, self.shifts.get(c.cell_id, 0.0), self.launch_sd)
-                        for c in cells}
         budget = run_budget(self.inputs)
         self.early_stop = budget.early_stop
-        gating = Gating(self.inputs.loaded.suite.gate, budget, "fp", history or MemoryHistory(False), Sinks([]))
+        gate = self.inputs.loaded.suite.gate
+        history = History.of(archive or MemoryArchive(), "bench", "fp", "tonight", gate.pinned_run, gate.history_runs)
+        gating = Gating(gate, budget, "fp", history, Sinks([]), extends=extends(self.inputs))
         self.schedule(cells, self.inputs.plan, lambda cell, outcome, log, console: gating.offer(cell, outcome, log))
-        extend(self.inputs, gating, self.schedule)
+        if gating.extends:
+            extend(self.inputs, gating, self.schedule)
+        relaunch(self.inputs, gating, self.schedule)
         gating.release_waiting()
-        return {cell_id: (result.status, gating.answers(cell_id)) for cell_id, result in gating.results().items()}
+        return gating
 
-    def schedule(self, cells: list[Cell], plan: ProtocolPlan, on_outcome: Callable, label: str = "") -> None:
-        main = plan is self.inputs.plan
+    def schedule(self, cells: list[Cell], plan: ProtocolPlan, on_outcome: Callable, label: str = "",
+                 looks: bool = True) -> None:
+        """Every cell launched once on `plan` (a launch starts a server: the extension too)."""
+        main = plan.prompts[:1] == self.inputs.plan.prompts[:1]  # the planned questions (a relaunch: and more)
         for cell in cells:
-            answers = self.tonight[cell.cell_id]
+            if main:
+                self.launches[cell.cell_id] = self.launches.get(cell.cell_id, -1) + 1
+            launch = self.launches.get(cell.cell_id, 0) + (0 if main else 100)  # the extension: a launch of its own
+            answers = self.world.answers(cell, self.number, launch, self.shifts.get(cell.cell_id, 0.0))
             records = [record(p.index, bool(answers[self.position[p.index]])) for p in plan.prompts]
+            held = launch_s(cell, len(records))
+            self.cost_s += cell.gpus * held
             stopped = None
-            if main and self.early_stop > 0 and cell.model.floor > 0:  # as CellJobs builds it: test questions
+            if main and looks and self.early_stop > 0 and cell.model.floor > 0:  # as CellJobs builds it
                 test = [r for r in records if r.is_test]
                 rule = EarlyStop(cell.model.floor, len(test), self.early_stop, order=tuple(r.index for r in test))
                 for look, _ in rule.thresholds:
@@ -232,21 +269,31 @@ class Night:
                     if stopped:
                         records = test[:look]
                         break
+            if stopped:
+                held = launch_s(cell, len(records))
+            timings = Timings(startup_s=held - QUESTION_S * len(records), eval_s=QUESTION_S * len(records),
+                              started_at=0.0, ended_at=held)
             on_outcome(cell, CellOutcome(cell_id=cell.cell_id, args=[], score=score(records, 1.0), questions=records,
-                                         stopped_early=stopped), "", QUIET)
+                                         stopped_early=stopped, timings=timings), "", QUIET)
 
 
 @dataclass
 class Suite:
-    """A shipped suite, its questions, and its models' floors set from one world's accuracies."""
+    """A shipped suite and its questions (the planned ones, then the extension's)."""
 
     name: str
     inputs: RunInputs
     questions: list[int]
 
     @classmethod
-    def load(cls, name: str, data) -> Suite:
+    def load(cls, name: str, data, overrides: dict | None = None) -> Suite:
+        """The shipped suite; `overrides`: gate settings by name, suite settings as `suite.KEY`."""
         loaded = load_suite(ROOT / "configs" / f"{name}.yaml")
+        if overrides:
+            gate = loaded.suite.gate.model_copy(update={k: v for k, v in overrides.items() if "." not in k})
+            spec = loaded.suite.model_copy(update={"gate": gate, **{k.split(".", 1)[1]: v for k, v in overrides.items()
+                                                                   if k.startswith("suite.")}})
+            loaded = loaded.model_copy(update={"suite": spec})
         spec = loaded.suite
         plan = build_plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
         asked = [p.index for p in plan.prompts]
@@ -254,24 +301,20 @@ class Suite:
         questions = asked + ([p.index for p in more.prompts] if more else [])
         return cls(name, RunInputs(loaded, Matrix(expand(spec).cells), data, plan), questions)
 
-    def configured(self, world: World, scenario: Scenario) -> RunInputs:
-        """This suite with its models' accuracy (hence floor) and launch_sd as the scenario's world has them."""
+    def configured(self, scenario: Scenario) -> RunInputs:
+        """The suite as shipped (floors from its models' accuracies), or with floors exactly at the
+        cells' accuracy for the least favourable scenario."""
+        if not scenario.at_tolerance:
+            return self.inputs
         spec = self.inputs.loaded.suite
-        margin = spec.gate.floor_margin
-        models = []
-        for model in spec.models:
-            accuracy = world.models[model.id].accuracy
-            floor = accuracy - spec.gate.tolerance if scenario.at_tolerance else accuracy - margin
-            models.append(model.model_copy(update={
-                "accuracy": accuracy, "floor": round(max(floor, 0.0), 4),
-                "launch_sd": scenario.launch_sd if scenario.launch_sd_known else 0.0}))
-        gate = spec.gate.model_copy(update={"pinned_run": "auto" if scenario.pinned else None})
-        spec = spec.model_copy(update={"models": models, "gate": gate})
+        models = [model.model_copy(update={"floor": round((model.accuracy or 0.9) - spec.gate.tolerance, 4)})
+                  for model in spec.models]
+        spec = spec.model_copy(update={"models": models})
         loaded = self.inputs.loaded.model_copy(update={"suite": spec})
         return RunInputs(loaded, Matrix(expand(spec).cells), self.inputs.data, self.inputs.plan)
 
-    def first_model(self, inputs: RunInputs) -> str:
-        return inputs.matrix.cells[0].model.id
+    def first_model(self) -> str:
+        return self.inputs.matrix.cells[0].model.id
 
 
 def interval(events: int, trials: int) -> str:
@@ -281,8 +324,8 @@ def interval(events: int, trials: int) -> str:
     return f"{events / trials:.1%} [{ci.low * 100:.1f}, {ci.high * 100:.1f}] ({events}/{trials})"
 
 
-def _any(verdicts: dict, status: Status, excluded: set[str] = frozenset()) -> bool:
-    return any(s is status for cell_id, (s, _) in verdicts.items() if cell_id not in excluded)
+def statuses(gating: Gating) -> dict[str, Status]:
+    return {cell_id: result.status for cell_id, result in gating.results().items()}
 
 
 def model_cells(inputs: RunInputs, model: str) -> list[str]:
@@ -293,81 +336,140 @@ def dropped_cell(inputs: RunInputs, model: str) -> str:
     return next(c.cell_id for c in inputs.matrix.cells if c.model.id == model and not c.is_reference)
 
 
-def trial(suite: Suite, scenario: Scenario, seed: int) -> dict[str, bool]:
-    """One trial's events (name -> happened)."""
-    first_model = suite.first_model(suite.inputs)
-    target = dropped_cell(suite.inputs, first_model)
-    world = World.draw(seed, suite.questions, suite.inputs, scenario, frozenset({target}) if scenario.dropped else frozenset())
-    inputs = suite.configured(world, scenario)
+@dataclass
+class Outcome:
+    """What one trial measured: events (name -> happened) and figures (name -> value)."""
+
+    events: dict[str, bool] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+def _night_events(outcome: Outcome, label: str, night: Night, gating: Gating, first_model: str) -> None:
+    verdicts = statuses(gating)
+    outcome.events[f"red ({label})"] = any(s.is_regression for s in verdicts.values())
+    outcome.events[f"green ({label})"] = all(s in (Status.PASS, Status.SKIPPED) for s in verdicts.values())
+    outcome.events[f"undecided ({label})"] = (not outcome.events[f"red ({label})"]
+                                             and any(s is Status.INCONCLUSIVE for s in verdicts.values()))
+    outcome.figures[f"GPU-s ({label})"] = night.cost_s
+    spread = gating.spread(first_model)
+    if spread is not None:
+        outcome.figures[f"launch_sd measured ({label})"] = spread.sd
+
+
+def trial(suite: Suite, scenario: Scenario, seed: int, launch_sd: float) -> Outcome:
+    """One trial: a first night, or warm-up nights then the judged nights (module docstring)."""
+    first_model = suite.first_model()
+    inputs = suite.configured(scenario)
+    target = dropped_cell(inputs, first_model)
+    world = World.draw(seed, suite.questions, inputs, scenario, launch_sd,
+                       frozenset({target}) if scenario.dropped else frozenset())
     mine = model_cells(inputs, first_model)
-    events: dict[str, bool] = {}
+    outcome = Outcome()
     if scenario.drift:
-        history = MemoryHistory(scenario.pinned)
-        caught = None
-        for night in range(10):
-            shifts = {c: -scenario.drift * night for c in mine}
-            verdicts = Night(inputs, world, night, shifts, scenario.launch_sd).play(history)
-            if caught is None and _any(verdicts, Status.FAIL):
-                caught = night
-            history.remember(night, verdicts)
-        events.update({f"caught by night {n}": caught is not None and caught <= n for n in (4, 5, 6, 8, 9)})
-        return events
-    first_shift = {c: scenario.first_night_shift for c in mine} if scenario.first_night_shift else {}
-    first = Night(inputs, world, 0, first_shift, scenario.launch_sd).play(None)
-    if scenario.first_night_shift:
-        events["red"] = _any(first, Status.FAIL)
-        return events
-    history = MemoryHistory(scenario.pinned)
-    history.remember(0, first)
-    shifts = {c: scenario.second_night_shift for c in mine} if scenario.second_night_shift else {}
+        archive, caught = MemoryArchive(), None
+        drifting = mine if scenario.drift_model_wide else [target]
+        for number in range(10):
+            night = Night(inputs, world, number, {c: -scenario.drift * number for c in drifting})
+            gating = night.play(archive)
+            if caught is None and any(s.is_regression for s in statuses(gating).values()):
+                caught = number
+            archive.remember(number, gating)
+        outcome.events.update({f"red by night {n}": caught is not None and caught <= n for n in (4, 5, 6, 8, 9)})
+        return outcome
+    shifts = {c: scenario.shift for c in mine} if scenario.shift else {}
     if scenario.dropped:
         shifts[target] = -scenario.dropped
-        second = Night(inputs, world, 1, shifts, scenario.launch_sd).play(history)
-        alone = Night(inputs, world, 1, shifts, scenario.launch_sd).play(None)
-        events["passed (with history)"] = second[target][0] is Status.PASS
-        events["passed (first night)"] = alone[target][0] is Status.PASS
-        events["caught (with history)"] = second[target][0] is Status.FAIL
-        return events
-    second = Night(inputs, world, 1, shifts, scenario.launch_sd).play(history)
-    if not scenario.second_night_shift:
-        events["red (first night)"] = _any(first, Status.FAIL)
-    events["red (with history)"] = _any(second, Status.FAIL)
-    events["green (with history)"] = all(s is Status.PASS for s, _ in second.values())
-    events["green (first night)"] = all(s is Status.PASS for s, _ in first.values())
-    return events
+    if scenario.first_night_only:
+        night = Night(inputs, world, 0, shifts)
+        gating = night.play(None)
+        _night_events(outcome, "first night", night, gating, first_model)
+        if scenario.dropped:
+            outcome.events["dropped cell passed (first night)"] = gating.results()[target].status is Status.PASS
+            outcome.events["dropped cell red (first night)"] = gating.results()[target].status.is_regression
+        return outcome
+    archive = MemoryArchive()
+    for number in range(WARMUP_NIGHTS):
+        night = Night(inputs, world, number, {})
+        gating = night.play(archive)
+        if number == 0 and not scenario.shift and not scenario.dropped:
+            _night_events(outcome, "first night", night, gating, first_model)
+        archive.remember(number, gating)
+    red_by = None
+    for after in range(scenario.nights_after):
+        number = WARMUP_NIGHTS + after
+        night = Night(inputs, world, number, shifts)
+        gating = night.play(archive)
+        if after == 0:
+            _night_events(outcome, "with history", night, gating, first_model)
+            if scenario.dropped:
+                outcome.events["dropped cell passed (its first night)"] = gating.results()[target].status is Status.PASS
+        if red_by is None and any(s.is_regression for s in statuses(gating).values()):
+            red_by = after + 1
+        archive.remember(number, gating)
+    if scenario.nights_after > 1:
+        outcome.events.update({f"red within {n} night(s)": red_by is not None and red_by <= n
+                               for n in range(1, scenario.nights_after + 1)})
+    return outcome
 
 
 SCENARIOS = {
     "healthy": Scenario("healthy"),
-    "launch spread, launch_sd known": Scenario("launch spread", launch_sd=0.005),
-    "launch spread, launch_sd 0": Scenario("launch spread", launch_sd=0.005, launch_sd_known=False),
-    "build shift 1 pt": Scenario("build shift", second_night_shift=-0.01),
     "least favourable": Scenario("least favourable", offsets=False, at_tolerance=True),
-    "model-wide break 10 pts": Scenario("break", first_night_shift=-0.10),
-    "3-pt drop": Scenario("3-pt drop", dropped=0.03),
-    "2-pt drop": Scenario("2-pt drop", dropped=0.02),
-    "drift 0.5 pt/night, pinned": Scenario("drift", drift=0.005),
-    "drift 0.5 pt/night, no pin": Scenario("drift", drift=0.005, pinned=False),
+    "build shift 1 pt": Scenario("build shift", shift=-0.01),
+    "model-wide break 10 pts": Scenario("break", shift=-0.10, first_night_only=True),
+    "3-pt drop": Scenario("3-pt drop", dropped=0.03, nights_after=3),
+    "3-pt drop, first night": Scenario("3-pt drop", dropped=0.03, first_night_only=True),
+    "5-pt drop": Scenario("5-pt drop", dropped=0.05),
+    "5-pt drop, first night": Scenario("5-pt drop", dropped=0.05, first_night_only=True),
+    "drift 0.5 pt/night, one cell": Scenario("drift", drift=0.005),
+    "drift 0.5 pt/night, model-wide": Scenario("drift", drift=0.005, drift_model_wide=True),
 }
-FEWER = {"model-wide break 10 pts": 4, "3-pt drop": 2, "2-pt drop": 2, "drift 0.5 pt/night, pinned": 4,
-         "drift 0.5 pt/night, no pin": 4}  # their claims need fewer trials (>= 95%, <= 5%): a quarter or half
+FEWER = {"model-wide break 10 pts": 4}  # a claim of >= 95% needs fewer trials
 
 
-def scenarios(data, suites: list[str], trials: int, chosen: list[str], console: Console) -> None:
+def launch_s(cell: Cell, questions: int) -> float:
+    """Seconds a launch of `cell` holds its GPUs: its server's start, then its questions."""
+    return STARTUP_S.get(cell.gpus, 150.0 * cell.gpus) + QUESTION_S * questions
+
+
+def today_cost(suite: Suite) -> float:
+    """GPU-seconds of one pass of the matrix: every cell launched once on the planned questions."""
+    return sum(cell.gpus * launch_s(cell, len(suite.inputs.plan.prompts)) for cell in suite.inputs.matrix.cells)
+
+
+def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str], launch_sd: float,
+              overrides: dict, console: Console) -> None:
     for name in suites:
-        suite = Suite.load(name, data)
+        suite = Suite.load(name, data, overrides)
+        base = today_cost(suite)
+        gate = suite.inputs.loaded.suite.gate
         console.print(f"[bold]{name}[/]: {len(suite.inputs.matrix.cells)} cells, {len(suite.inputs.plan.prompts)} "
-                      f"questions (up to {len(suite.questions)})")
+                      f"questions (up to {len(suite.questions)}); launch spread {launch_sd * 100:g} pts; "
+                      f"max_launches {gate.max_launches}, relaunch_budget {gate.relaunch_budget:g}, "
+                      f"history_runs {gate.history_runs}; one planned pass {base:.0f} GPU-s")
         for key in chosen:
             scenario = SCENARIOS[key]
-            count = max(1, trials // FEWER.get(key, 1))
-            totals: dict[str, int] = {}
+            count = max(1, trials[name] // FEWER.get(key, 1))
+            events: dict[str, int] = {}
+            figures: dict[str, list[float]] = {}
             for number in range(count):
                 seed = number * 7919 + zlib.crc32(key.encode()) % 1000
-                for event, happened in trial(suite, scenario, seed).items():
-                    totals[event] = totals.get(event, 0) + happened
-            console.print(f"  {key}: " + "; ".join(f"{event} {interval(n, count)}" for event, n in totals.items()),
-                          soft_wrap=True)
+                found = trial(suite, scenario, seed, launch_sd)
+                for event, happened in found.events.items():
+                    events[event] = events.get(event, 0) + happened
+                for figure, value in found.figures.items():
+                    figures.setdefault(figure, []).append(value)
+            parts = [f"{event} {interval(n, count)}" for event, n in events.items()]
+            for figure, values in figures.items():
+                values = np.array(values)
+                if figure.startswith("GPU-s"):
+                    parts.append(f"{figure} mean {values.mean() / base:.3f} x one pass (max {values.max() / base:.2f})")
+                else:
+                    within = np.mean(np.abs(values / launch_sd - 1) <= 0.25) if launch_sd else float("nan")
+                    parts.append(f"{figure} median {np.median(values) * 100:.2f} pts, 5-95% "
+                                 f"{np.quantile(values, 0.05) * 100:.2f}-{np.quantile(values, 0.95) * 100:.2f}, "
+                                 f"within 25% of the truth {within:.0%}")
+            console.print(f"  {key}: " + "; ".join(parts), soft_wrap=True)
 
 
 def size(console: Console, quick: bool) -> None:
@@ -424,8 +526,15 @@ def early_stop(data, console: Console) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--pr-trials", type=int, default=300)
+    parser.add_argument("--nightly-trials", type=int, default=100)
     parser.add_argument("--suites", default="pr,nightly")
+    parser.add_argument("--launch-sd", type=float, default=LAUNCH_SD,
+                        help="The fleet's true launch spread (sd, a fraction; default 0.005). The suites' own "
+                             "launch_sd stays their prior; the gate measures the spread.")
+    parser.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
+                        help="Override a gate setting of the shipped suites (max_launches=1), or a suite setting "
+                             "(suite.num_questions=2638), repeatable")
     parser.add_argument("--only", default="size,early-stop,scenarios", help="size, early-stop, scenarios (comma-separated)")
     parser.add_argument("--scenarios", default=None, help="Scenario names to play (comma-separated; default all)")
     parser.add_argument("--quick", action="store_true", help="1 trial of each scenario on the PR suite, one size case")
@@ -442,7 +551,12 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}")
         suites = ["pr"] if args.quick else args.suites.split(",")
-        scenarios(load_gsm8k(), suites, 1 if args.quick else args.trials, chosen, console)
+        trials = {"pr": 1, "nightly": 1} if args.quick else {"pr": args.pr_trials, "nightly": args.nightly_trials}
+        overrides = {}
+        for item in args.gate:
+            key, _, value = item.partition("=")
+            overrides[key] = yaml.safe_load(value)
+        scenarios(load_gsm8k(), suites, trials, chosen, args.launch_sd, overrides, console)
 
 
 if __name__ == "__main__":

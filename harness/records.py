@@ -64,6 +64,9 @@ class QuestionRecord(Record):
     error: str | None = None
     cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not reported)
     teacher: TeacherForced | None = None  # None: not asked (the protocol has no teacher text, or it is off)
+    # Which launch of the cell's server answered (0: the first; a relaunch, harness.run.relaunch, is 1, 2, ...).
+    # The same question answered by two launches is two records.
+    launch: int = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -144,6 +147,18 @@ class CellOutcome(Record):
     stopped_early: str | None = None
 
 
+class LaunchSample(Record):
+    """What a cell's launches in one run say about launch spread (harness.gate.launches): the sum of
+    squared deviations of its launches' accuracies from their mean, on the questions every launch
+    answered (`between`, `df` = launches - 1 degrees of freedom), and the part of it the questions'
+    own sampling explains (`within`, its expectation when launches differ only by chance per question)."""
+
+    df: int
+    between: float
+    within: float
+    n: int  # questions every launch answered
+
+
 class Verdict(Record):
     """What the gate decided for one cell, with the numbers behind it (`harness.gate.verdict.judge`)."""
 
@@ -173,6 +188,10 @@ class Verdict(Record):
     divergence_high: float | None = None  # the 95th percentile of its questions' divergences (regress calibrate)
     divergence_n: int = 0
     error_kind: ErrorKind | None = None  # set when status is `error`
+    launches: int = 1  # server launches the verdict rests on (harness.run.relaunch)
+    launch_sd: float | None = None  # the launch spread (sd, a fraction) the paired tests added; null: none
+    launch_sample: LaunchSample | None = None  # this cell's launches, for the run's launch-spread estimate
+    decide: str | None = None  # `inconclusive`: what would decide it (another launch, more questions)
 
 
 class CellResult(Verdict):
@@ -196,7 +215,8 @@ class CellResult(Verdict):
     cuda_visible_devices: str | None = None
     node: str | None = None
     stopped_early: bool = False
-    history_run_id: str | None = None  # the earlier run (not a regression there) this cell was compared with
+    history_run_id: str | None = None  # the newest earlier run (the cell passed there) this cell was compared with
+    history_runs: list[str] = []  # every earlier run whose answers the history test pooled, newest first
     predicted: dict[str, Any] = {}  # resolved fields the plan-time sglang check predicted (engine sglang)
 
 

@@ -8,7 +8,8 @@
 # The report's first line is the verdict (`regress assess`). Exit: 1 when a cell is `fail` or
 # `mismatch`; 4 when the run is broken (more than MAX_ERROR_SHARE of the cells, default 0.1, or any
 # reference cell, could not be measured after one retry); 2 on a usage or configuration error;
-# 0 otherwise (GREEN, or UNDECIDED naming the cells still inconclusive after the extension).
+# 3 when UNDECIDED (no regression, but cells still inconclusive after the suite's extension and
+# relaunches: the headline names them and what would decide each); 0 when GREEN.
 set -uo pipefail
 suite=${1:?usage: run_and_report.sh SUITE TRIGGER [regress run options...]}
 trigger=${2:?usage: run_and_report.sh SUITE TRIGGER [regress run options...]}

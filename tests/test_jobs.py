@@ -35,10 +35,14 @@ def test_errors_on_a_reference_or_above_the_share_make_a_broken_run():
     assert verdict.exit_code == 1 and "c19" in verdict.headline and "1 inconclusive" in verdict.headline
 
 
-def test_inconclusive_cells_make_an_undecided_headline_that_names_them():
-    verdict = assess([result("ref", Status.PASS, None), result("c1", Status.INCONCLUSIVE)])
-    assert verdict.exit_code == 0 and verdict.headline.startswith("UNDECIDED: 1 of 2 cells pass")
-    assert "1 inconclusive (not decided with the questions the suite allows): c1" in verdict.headline
+def test_inconclusive_cells_make_an_undecided_headline_that_names_them_and_what_would_decide_each():
+    undecided = result("c1", Status.INCONCLUSIVE).model_copy(update={
+        "launches": 3, "decide": "another launch (launch spread is 71% of its drop's variance vs reference)"})
+    verdict = assess([result("ref", Status.PASS, None), undecided])
+    # Never a plain success: exit 3, which the CI workflows turn into a neutral check.
+    assert verdict.exit_code == 3 and verdict.headline.startswith("UNDECIDED: 1 of 2 cells pass")
+    assert ("1 undecided after 3 launch(es) and the questions the suite allows: c1 (another launch (launch spread "
+            "is 71%") in verdict.headline
 
 
 def job(tmp_path: Path, fault_when: dict) -> subprocess.CompletedProcess:

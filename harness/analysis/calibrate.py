@@ -9,11 +9,16 @@ compares it); hand-set floors a point too high make the same healthy cell undeci
 The lowest accuracy and the lowest 95% lower bound (Wilson) of any such cell are shown beside it.
 
 A model's launch spread (ModelSpec.launch_sd) is what moves a cell's accuracy from one launch to
-the next beyond its questions' sampling: for each cell judged in two consecutive runs, the paired
-drop d on the questions both answered and its sampling variance v (discordance); within a pair of
-runs, each model's drops are centred on their mean (a build shift common to every cell is the
-history test's to judge, not spread); then 2 launch_sd^2 = mean(centred d^2) - mean(v), floored
-at 0.
+the next beyond its questions' sampling. Measured within runs (`propose_launch_spread_within`): the
+launch samples every run records for a cell launched more than once (each reference's second
+launch with gate.measure_launch_spread, every relaunch), pooled as the gate pools them
+(harness.gate.launches): the same build, so nothing but launches moves it. Night to night
+(`propose_launch_spread`, for runs that relaunched nothing): for each cell judged in two
+consecutive runs, the paired drop d on the questions both answered and its sampling variance v
+(discordance); within a pair of runs, each model's drops are centred on their mean (a build shift
+common to every cell is the history test's to judge, not spread); then 2 launch_sd^2 = mean(centred
+d^2) - mean(v), floored at 0. It also counts what a new build moves one cell and not the others
+(a build is not a launch), so it reads high wherever builds change between the runs.
 
 A divergence tolerance (nats per token, harness.gate.divergence) is proposed per model from its
 passing cells' recorded 95th percentile of per-question divergence from their reference: the
@@ -32,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness.gate.launches import SpreadEstimate, pooled_spread
 from harness.gate.stats import wilson_interval
 from harness.records import CellResult, RunInfo, Status
 
@@ -114,6 +120,27 @@ def propose_launch_spread(pairs: list[LaunchPair]) -> list[LaunchSpread]:
         if count:
             spread = max((squares - variances) / count, 0.0) / 2
             found.append(LaunchSpread(model=model, pairs=count, launch_sd=math.sqrt(spread)))
+    return found
+
+
+@dataclass(frozen=True)
+class WithinSpread:
+    model: str
+    estimate: SpreadEstimate  # pooled over the runs' launch samples of the model's cells
+
+
+def propose_launch_spread_within(runs: list[tuple[RunInfo, list[CellResult]]]) -> list[WithinSpread]:
+    """Each model's launch spread from the launch samples its cells recorded in `runs` (module docstring)."""
+    samples: dict[str, list] = {}
+    for _, cells in runs:
+        for cell in cells:
+            if cell.launch_sample is not None:
+                samples.setdefault(cell.model, []).append(cell.launch_sample)
+    found = []
+    for model, model_samples in samples.items():
+        estimate = pooled_spread(model_samples)
+        if estimate is not None:
+            found.append(WithinSpread(model, estimate))
     return found
 
 

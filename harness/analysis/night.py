@@ -3,9 +3,11 @@
     1  regressions: some cell is `fail` or `mismatch`
     4  broken: more than `max_error_share` of the measured cells are `error`, or a reference cell is
        (every cell compared with it lost its paired test), so the night tested too little to be green
-    0  otherwise: `GREEN` when every measured cell passed, `UNDECIDED` when some stayed
-       `inconclusive` after every extension the suite allows (nothing is known to be broken, but the
-       night did not show those cells healthy: the headline names them); errors below the share too
+    3  undecided: some cell stayed `inconclusive` after every extension and relaunch the suite allows:
+       nothing is known to be broken, but the night did not show those cells healthy. The headline
+       says UNDECIDED, names them and what would decide each (another launch, more questions); the
+       CI job turns it into a neutral check, never a plain success
+    0  green: every measured cell passed (errors below the share are named)
 
 The headline is the first line of the job's report, so a person reading the CI page knows at once
 what happened.
@@ -33,8 +35,10 @@ def assess(results: list[CellResult], max_error_share: float = 0.1) -> Assessmen
     undecided = [r for r in measured if r.status is Status.INCONCLUSIVE]
     tail = []
     if undecided:
-        tail.append(f"{len(undecided)} inconclusive (not decided with the questions the suite allows): "
-                    + ", ".join(r.cell_id for r in undecided[:5]) + (" ..." if len(undecided) > 5 else ""))
+        most = max((r.launches for r in undecided), default=1)
+        named = ", ".join(f"{r.cell_id} ({r.decide or 'see its reason'})" for r in undecided[:5])
+        tail.append(f"{len(undecided)} undecided after {most} launch(es) and the questions the suite allows: "
+                    + named + (" ..." if len(undecided) > 5 else ""))
     if errors:
         tail.append(f"{len(errors)} could not be measured")
     suffix = ("; " + "; ".join(tail)) if tail else ""
@@ -48,5 +52,6 @@ def assess(results: list[CellResult], max_error_share: float = 0.1) -> Assessmen
         return Assessment(ExitCode.BROKEN, f"BROKEN RUN: {len(errors)} of {len(measured)} cells could not be measured "
                                   f"({why}); first: {errors[0].cell_id}: {errors[0].reason.splitlines()[0][:200]}")
     passed = sum(r.status is Status.PASS for r in measured)
-    word = "UNDECIDED" if undecided else "GREEN"
-    return Assessment(ExitCode.GREEN, f"{word}: {passed} of {len(measured)} cells pass{suffix}")
+    if undecided:
+        return Assessment(ExitCode.UNDECIDED, f"UNDECIDED: {passed} of {len(measured)} cells pass{suffix}")
+    return Assessment(ExitCode.GREEN, f"GREEN: {passed} of {len(measured)} cells pass{suffix}")

@@ -187,6 +187,7 @@ def calibrate(
         propose_divergence,
         propose_floors,
         propose_launch_spread,
+        propose_launch_spread_within,
     )
     from harness.errors import ConfigError
     from harness.records import latest_per_cell
@@ -211,14 +212,22 @@ def calibrate(
         table.add_row(p.model, str(p.runs), str(p.cells), f"{p.mean:.3f}", f"{p.lowest:.3f}", f"{p.lowest_bound:.3f}",
                       f"{p.current:.3f}", f"{p.proposed:.3f} ({p.change})")
     console().print(table)
+    within = {found.model: found.estimate for found in propose_launch_spread_within(measured)}
     spreads = propose_launch_spread(_launch_pairs(archive, measured, spec.gate.extraction))
-    if spreads:
+    if spreads or within:
         now = {model.id: model.launch_sd for model in spec.models}
-        table = Table(title="launch spread: a cell's accuracy between consecutive runs, beyond its questions")
-        for column in ("model", "cell pairs", "launch_sd now", "measured"):
+        night = {spread.model: spread for spread in spreads}
+        table = Table(title="launch spread (sd): within runs (second launches, relaunches: the same build), and night "
+                            "to night (consecutive runs; also counts what new builds move)")
+        for column in ("model", "launch_sd now", "within runs (90% CI, df)", "night to night (cell pairs)"):
             table.add_column(column)
-        for spread in spreads:
-            table.add_row(spread.model, str(spread.pairs), f"{now.get(spread.model, 0.0):.4f}", f"{spread.launch_sd:.4f}")
+        for model in sorted(now):
+            if model not in within and model not in night:
+                continue
+            inside = within.get(model)
+            table.add_row(model, f"{now[model]:.4f}",
+                          f"{inside.sd:.4f} ({inside.low:.4f}-{inside.high:.4f}, {inside.df})" if inside else "-",
+                          f"{night[model].launch_sd:.4f} ({night[model].pairs})" if model in night else "-")
         console().print(table)
     tolerances = propose_divergence(measured, {model.id: model.divergence_tolerance or spec.gate.divergence.tolerance
                                                for model in spec.models})
@@ -233,8 +242,10 @@ def calibrate(
     pinned = pinnable_run(measured)
     lines = [f"# to paste into {suite}: each model's accuracy, launch spread and divergence tolerance, and the run to pin"]
     lines += [f"#   {p.model}: accuracy: {p.mean:.3f}   (floor {p.proposed:.3f}; now {p.current:.3f})" for p in proposals]
-    lines += [f"#   {spread.model}: launch_sd: {spread.launch_sd:.4f}   (from {spread.pairs} cell pairs)"
-              for spread in spreads]
+    lines += [f"#   {model}: launch_sd: {estimate.sd:.4f}   (within runs, {estimate.df} df)"
+              for model, estimate in sorted(within.items())]
+    lines += [f"#   {spread.model}: launch_sd: {spread.launch_sd:.4f}   (night to night, from {spread.pairs} cell pairs; "
+              "no run of this model relaunched anything)" for spread in spreads if spread.model not in within]
     lines += [f"#   {t.model}: divergence_tolerance: {t.proposed:.3g}   (now {t.current:.3g})" for t in tolerances]
     if pinned is not None:
         lines.append(f"gate: {{pinned_run: {pinned.run_id}}}  # every cell passed; started {pinned.started_at}")

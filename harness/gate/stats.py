@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness.gate.launches import Answers
+
 
 def preload() -> None:
     """Import scipy now: a long-running caller (the driver) would rather not pay for it in the
@@ -62,37 +64,53 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
 
 @dataclass(frozen=True)
 class Paired:
-    """A cell against another side (its reference, its own earlier run) on the questions both answered."""
+    """A cell against another side (its reference, its own earlier runs) on the questions both answered.
+    With several launches on a side (harness.gate.launches), a question counts by the share of that
+    side's launches that answered it right, so `losses` and `gains` may be fractional."""
 
     n: int
     agreement: float
-    losses: int  # the other side right, the cell wrong
-    gains: int  # the cell right, the other side wrong
+    losses: float  # the other side right, the cell wrong
+    gains: float  # the cell right, the other side wrong
     accuracy: float
     reference_accuracy: float
     drop: float  # the other side's accuracy minus the cell's
     drop_ci: tuple[float, float]
     margin: float  # the null hypothesis: drop <= margin
     p_drop: float  # one-sided: the drop exceeds `margin` (see drop_above_margin_p)
-    launch_sd: float = 0.0  # one launch's accuracy spread beyond its questions (harness.gate.stats)
+    launch_sd: float = 0.0  # one launch's accuracy spread beyond its questions (harness.gate.launches)
+    launches: tuple[int, int] = (1, 1)  # the cell's, the other side's
+    # With a side of several launches: the drop's variance from its questions (the per-question
+    # differences' sample variance over n, at least 1/n^2); None: one launch a side (Tango's score).
+    sampling_variance: float | None = None
+
+    @property
+    def launch_variance(self) -> float:
+        """What the two sides' launches add to the drop's variance: launch_sd^2 (1/k + 1/m)."""
+        return launch_variance(self.launch_sd, self.launches)
 
     @property
     def p_change(self) -> float:
         """Exact two-sided McNemar: a change either way (what `compare` reports; the gate needs none)."""
         from scipy.stats import binomtest
 
-        discordant = self.losses + self.gains
-        return float(binomtest(self.losses, discordant, 0.5).pvalue) if discordant else 1.0
+        losses, gains = round(self.losses), round(self.gains)
+        discordant = losses + gains
+        return float(binomtest(losses, discordant, 0.5).pvalue) if discordant else 1.0
 
     def drop_upper(self, confidence: float) -> float:
         """One-sided upper confidence bound of the drop: the largest drop d that Tango's score test of
-        "drop >= d" does not reject at 1 - confidence (with both launches' spread added to its
+        "drop >= d" does not reject at 1 - confidence (with both sides' launch spread added to its
         variance). A score bound, not the Wald bound drop + z sd: with a few tens of discordant
         answers the Wald bound is too low exactly when losses came out low by chance (its sd shrinks
-        with them), and a cell that truly dropped min_effect would pass too often."""
+        with them), and a cell that truly dropped min_effect would pass too often. With a side of
+        several launches (fractional answers, no trinomial to restrict): drop + z sd, the sd from
+        the per-question differences and the launches."""
         from scipy.stats import norm
 
         critical = float(norm.ppf(confidence))
+        if self.sampling_variance is not None:
+            return self.drop + critical * math.sqrt(self.sampling_variance + self.launch_variance)
         low, high = self.drop, 1.0
         if self._score(high) < critical:
             return high
@@ -105,11 +123,16 @@ class Paired:
         """(margin - drop) over the null's standard error at that margin: large when the drop is
         surely below `margin`."""
         rate = float(_null_gain_rate(float(self.losses), float(self.gains), self.n, margin))
-        variance = (2 * rate + margin * (1 - margin)) / self.n + 2 * self.launch_sd**2
+        variance = (2 * rate + margin * (1 - margin)) / self.n + self.launch_variance
         return (margin - self.drop) / math.sqrt(max(variance, 1e-300))
 
 
-def _drop_sd(losses: int, gains: int, n: int) -> float:
+def launch_variance(launch_sd: float, launches: tuple[int, int] = (1, 1)) -> float:
+    """launch_sd^2 (1/k + 1/m): each side's mean over its launches carries launch_sd^2 / launches."""
+    return launch_sd**2 * sum(1 / max(k, 1) for k in launches)
+
+
+def _drop_sd(losses: float, gains: float, n: int) -> float:
     """Standard error of the paired drop (losses - gains) / n on n pairs."""
     drop = (losses - gains) / n
     return math.sqrt(max((losses + gains) / n - drop**2, 0.0) / n)
@@ -169,44 +192,67 @@ def _span(mean: float, sd: float, n: int):
     return np.arange(low, min(n, math.ceil(mean + TAIL_SDS * sd + 3)) + 1)
 
 
-def drop_above_margin_p(losses: int, gains: int, n: int, margin: float, launch_sd: float = 0.0) -> float:
+def drop_above_margin_p(losses: float, gains: float, n: int, margin: float, launch_sd: float = 0.0,
+                        launches: tuple[int, int] = (1, 1)) -> float:
     """One-sided p-value for "the paired drop exceeds `margin`" on n pairs.
 
     margin 0: McNemar's exact test (the discordant pairs split 50/50 under no drop). margin > 0:
     the exact tail of Tango's score statistic at the null's fitted gain rate (`_exact_tail`).
-    `launch_sd` > 0: each side's launch also moves its accuracy by N(0, launch_sd) whatever its
-    questions (another node, autotuned kernels): the score statistic's variance gains both
-    launches' (2 launch_sd^2) and its tail is normal (the launches' part is continuous)."""
+    `launch_sd` > 0, or a side of several launches (fractional counts): each launch also moves its
+    accuracy by N(0, launch_sd) whatever its questions (another node, autotuned kernels): the score
+    statistic's variance gains launch_sd^2 (1/k + 1/m) and its tail is normal (the launches' part is
+    continuous; a fractional count has no exact tail)."""
     from scipy.stats import binomtest, norm
 
     if launch_sd > 0:
         rate = float(_null_gain_rate(float(losses), float(gains), n, margin))
-        variance = (2 * rate + margin * (1 - margin)) / n + 2 * launch_sd**2
-        return float(norm.sf(((losses - gains) / n - margin) / math.sqrt(variance)))
+        variance = (2 * rate + margin * (1 - margin)) / n + launch_variance(launch_sd, launches)
+        return float(norm.sf(((losses - gains) / n - margin) / math.sqrt(max(variance, 1e-300))))
+    losses, gains = int(losses), int(gains)
     if margin == 0:
         discordant = losses + gains
         return float(binomtest(losses, discordant, 0.5, alternative="greater").pvalue) if discordant else 1.0
     return _exact_tail(losses, gains, n, margin)
 
 
-def paired_comparison(cell: dict[int, bool], reference: dict[int, bool], margin: float = 0.0,
+def paired_comparison(cell: dict[int, bool] | Answers, reference: dict[int, bool] | Answers, margin: float = 0.0,
                       confidence: float = 0.95, launch_sd: float = 0.0) -> Paired | None:
     """Losses and gains against the other side on shared questions, the test of "drop > margin",
-    and a normal interval for the paired drop."""
+    and a normal interval for the paired drop. A side given as `Answers` may hold several launches
+    (a question then counts by the share of launches that got it right)."""
     from scipy.stats import norm
 
-    shared = sorted(cell.keys() & reference.keys())
+    mine = cell if isinstance(cell, Answers) else Answers.binary(cell)
+    other = reference if isinstance(reference, Answers) else Answers.binary(reference)
+    shared = sorted(mine.right.keys() & other.right.keys())
     n = len(shared)
     if n == 0:
         return None
-    losses = sum(reference[i] and not cell[i] for i in shared)
-    gains = sum(cell[i] and not reference[i] for i in shared)
-    cell_accuracy = sum(cell[i] for i in shared) / n
-    reference_accuracy = sum(reference[i] for i in shared) / n
-    drop = (losses - gains) / n
-    half = float(norm.ppf(0.5 + confidence / 2)) * _drop_sd(losses, gains, n)
+    differences = [other.right[i] - mine.right[i] for i in shared]
+    losses = math.fsum(d for d in differences if d > 0)
+    gains = -math.fsum(d for d in differences if d < 0)
+    cell_accuracy = math.fsum(mine.right[i] for i in shared) / n
+    reference_accuracy = math.fsum(other.right[i] for i in shared) / n
+    launches = (mine.launches, other.launches)
+    launch_part = launch_variance(launch_sd, launches)
+    critical = float(norm.ppf(0.5 + confidence / 2))
     discordant = losses + gains
+    if mine.is_binary and other.is_binary:
+        losses, gains = round(losses), round(gains)  # whole counts: the exact tests apply
+        drop = (losses - gains) / n
+        half = critical * math.sqrt(_drop_sd(losses, gains, n) ** 2 + launch_part)
+        return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,
+                      reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - half, drop + half),
+                      margin=margin, p_drop=drop_above_margin_p(losses, gains, n, margin, launch_sd, launches),
+                      launch_sd=launch_sd, launches=launches)
+    # Several launches on a side: the questions' part of the variance from the per-question
+    # differences themselves (at least one question's worth, 1/n^2, so that a deterministic server
+    # whose launches all agree on a few questions is not taken for a sure thing).
+    drop = math.fsum(differences) / n
+    spread = math.fsum((d - drop) ** 2 for d in differences) / max(n - 1, 1)
+    sampling = max(spread / n, 1 / n**2)
+    sd = math.sqrt(sampling + launch_part)
     return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,
-                  reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - half, drop + half),
-                  margin=margin, p_drop=drop_above_margin_p(losses, gains, n, margin, launch_sd),
-                  launch_sd=launch_sd)
+                  reference_accuracy=reference_accuracy, drop=drop, drop_ci=(drop - critical * sd, drop + critical * sd),
+                  margin=margin, p_drop=float(norm.sf((drop - margin) / sd)), launch_sd=launch_sd, launches=launches,
+                  sampling_variance=sampling)

@@ -17,15 +17,19 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.errors import ErrorKind
 from harness.gate.divergence import Divergence, divergence_test
+from harness.gate.launches import Answers, launch_sample
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
 
-HISTORY_LABEL = "the last run"  # the newest earlier run in which the cell was not a regression
+HISTORY_LABEL = "its last runs"  # the cell's answers in its latest earlier runs where it passed, pooled
+PINNED_LABEL = "the pinned run"
 MIN_SHARED_SHARE = 0.5  # a paired test on fewer shared questions than this share of the cell's proves little
 
 
@@ -56,12 +60,20 @@ class _Part:
     status: Status
     reason: str | None = None
     undecided: str = ""  # why it leaves the cell open: said only when nothing failed it
+    decide: str | None = None  # what would decide it: another launch, more questions
 
 
 def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, bool]:
-    """Question index -> correct, over answered questions, under the suite's extraction rule."""
+    """Question index -> correct, over answered questions, under the suite's extraction rule (one
+    launch's records; `Answers.of` takes several)."""
     return {r.index: (r.correct_strict if extraction == "strict" else r.correct)
             for r in records if r.error is None}
+
+
+def first_launch(records: list[QuestionRecord]) -> list[QuestionRecord]:
+    """The records of a cell's first launch (the divergence test pairs one launch with one launch)."""
+    first = min((r.launch for r in records), default=0)
+    return [r for r in records if r.launch == first]
 
 
 def unmeasured(outcome: CellOutcome, gate: GateSpec) -> Verdict | None:
@@ -88,51 +100,91 @@ def _worse(status: Status, other: Status) -> Status:
     return max(status, other, key=order.index)
 
 
-def _floor_part(test_answers: dict[int, bool], floor: float, alpha: float, tested: bool) -> tuple[_Part, float | None]:
+def _floor_part(test_answers: Answers, floor: float, alpha: float, tested: bool) -> tuple[_Part, float | None]:
     """The floor test on test-split questions only (train questions of an extension are another
-    population; the floor is the model's accuracy on the protocol's test questions)."""
-    n, correct = len(test_answers), sum(test_answers.values())
+    population; the floor is the model's accuracy on the protocol's test questions). With several
+    launches a question counts by the share of launches that got it right, and the count the exact
+    test takes is rounded up (never more rejections than one launch's answers would give)."""
+    n, correct = len(test_answers.right), sum(test_answers.right.values())
     if floor <= 0 or n == 0:
         return _Part(Status.PASS), None
-    p = below_floor_p(correct, n, floor)
+    p = below_floor_p(math.ceil(correct - 1e-9), n, floor)
     if tested and p < alpha:
         return _Part(Status.FAIL, f"below floor {floor:.4g} on {n} test questions (p={p:.2g} < {alpha:.2g})"), p
     if correct / n < floor:
         return _Part(Status.INCONCLUSIVE, f"under floor {floor:.4g} on {n} test questions but not "
-                                          f"significantly (p={p:.2g})"), p
+                                          f"significantly (p={p:.2g})", decide="more test questions"), p
     return _Part(Status.PASS), p
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
 
 
 def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, cell_n: int, confidence: float) -> _Part:
     """`fail` when the drop beyond the test's margin is significant; `pass` when the drop's upper
     bound (at `pass_confidence`) is under `min_effect`; else `inconclusive`. An earlier run sharing
     under half the cell's questions (the cell was extended tonight, not then) can fail it, but not
-    hold it undecided: tonight's larger evidence decides that, and the reason says so."""
+    hold it undecided: tonight's larger evidence decides that, and the reason says so. The pinned
+    run can fail a cell, never hold it open: it is there to catch a slow drift, and one old launch's
+    own spread would otherwise keep healthy cells undecided (the bound a pass needs is against the
+    reference and the cell's last runs)."""
     null = f"drop > {paired.margin * 100:.3g} pts" if paired.margin else "a drop"
     upper = paired.drop_upper(confidence)
-    reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared: lost {paired.losses}, "
-              f"gained {paired.gains}, drop {paired.drop * 100:.1f} pts ({confidence:.1%} bound "
+    sides = "" if paired.launches == (1, 1) else f" ({paired.launches[0]} launch(es) vs {paired.launches[1]})"
+    reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared{sides}: lost {_count(paired.losses)}, "
+              f"gained {_count(paired.gains)}, drop {paired.drop * 100:.1f} pts ({confidence:.1%} bound "
               f"{upper * 100:.1f}), p({null})={paired.p_drop:.2g}")
     if paired.p_drop < alpha:
         return _Part(Status.FAIL, reason + f" < {alpha:.2g}")
-    if upper < gate.min_effect:
+    if upper < gate.min_effect or label == PINNED_LABEL:
         return _Part(Status.PASS, reason)
     if label != "reference" and paired.n < MIN_SHARED_SHARE * cell_n:
         return _Part(Status.PASS, reason + f"; on too few of the cell's {cell_n} questions to hold it")
-    return _Part(Status.INCONCLUSIVE, reason, f"; the bound is not under min_effect {gate.min_effect * 100:.3g} pts")
+    return _Part(Status.INCONCLUSIVE, reason, f"; the bound is not under min_effect {gate.min_effect * 100:.3g} pts",
+                 decide=what_decides(paired, label))
 
 
-def _comparisons(answers: dict[int, bool], gate: GateSpec, others: dict[str, CellOutcome | None],
+def what_decides(paired: Paired, label: str) -> str:
+    """Which evidence the drop's bound lacks most: another launch when the launches' share of its
+    variance is the larger, else more questions (launch spread does not shrink with questions)."""
+    if paired.sampling_variance is not None:
+        sampling = paired.sampling_variance
+    else:
+        sampling = _drop_variance(paired)
+    launches = paired.launch_variance
+    share = launches / (launches + sampling) if launches + sampling > 0 else 0.0
+    if share >= 0.5:
+        return f"another launch (launch spread is {share:.0%} of its drop's variance vs {label})"
+    return f"more questions (their sampling is {1 - share:.0%} of its drop's variance vs {label})"
+
+
+def _drop_variance(paired: Paired) -> float:
+    return max((paired.losses + paired.gains) / paired.n - paired.drop**2, 0.0) / paired.n
+
+
+Side = CellOutcome | Sequence[CellOutcome] | None  # one run's answers, or several runs' pooled
+
+
+def _runs(side: Side) -> list[CellOutcome]:
+    """The measured runs of a side (a single outcome is one run)."""
+    runs = [side] if isinstance(side, CellOutcome) else list(side or [])
+    return [run for run in runs if run.score is not None and run.error is None]
+
+
+def _comparisons(answers: Answers, gate: GateSpec, others: dict[str, Side],
                  launch_sd: float) -> dict[str, Paired]:
     """label -> the paired comparison with each measured other side that shares a question. The
     reference may differ by `gate.tolerance`; the cell's own earlier runs (history, pinned) by
-    `gate.history_margin`."""
+    `gate.history_margin`. Each side counts its launches (its records' `launch`; each run of a
+    pooled side brings its own)."""
     found = {}
     for label, other in others.items():
-        if other is None or other.score is None or other.error is not None:
+        runs = _runs(other)
+        if not runs:
             continue
         margin = gate.tolerance if label == "reference" else gate.own_margin
-        paired = paired_comparison(answers, correctness(other.questions, gate.extraction), margin,
+        paired = paired_comparison(answers, Answers.pooled([run.questions for run in runs], gate.extraction), margin,
                                    launch_sd=launch_sd)
         if paired is not None:
             found[label] = paired
@@ -144,41 +196,46 @@ def _divergence(outcome: CellOutcome, reference: CellOutcome | None, gate: GateS
     """The teacher-forced divergence test against the reference, when both sides have teacher records."""
     if not gate.divergence.enabled or reference is None or reference.score is None or reference.error is not None:
         return None
-    return divergence_test(outcome.questions, reference.questions, tolerance or gate.divergence.tolerance,
-                           gate.divergence.healthy_share)
+    return divergence_test(first_launch(outcome.questions), first_launch(reference.questions),
+                           tolerance or gate.divergence.tolerance, gate.divergence.healthy_share)
 
 
 def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
-          reference: CellOutcome | None = None, history: CellOutcome | None = None,
+          reference: CellOutcome | None = None, history: Side = None,
           pinned: CellOutcome | None = None, reference_problem: str | None = None,
           divergence_tolerance: float | None = None, launch_sd: float = 0.0) -> Verdict:
     """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
     and teacher-forced divergence within the tolerance on all but a healthy share of questions);
-    `history`: the same cell in the last run of the suite where it was not a regression; `pinned`:
+    `history`: the same cell in its last runs of the suite where it passed (one outcome, or several
+    pooled: each run's launches are launches of the pool); `pinned`:
     the same cell in the suite's pinned run (both: drop <= gate.history_margin). Each is a paired
     test on the questions both answered; the stage's alpha is split evenly over the tests made.
     `reference_problem`: why the reference cannot vouch for the cell (it errored, failed, or stopped
     early): a cell that would pass is then `inconclusive`, since a broken reference proves nothing.
     `divergence_tolerance`: the model's (nats per token), else the gate's. `launch_sd`: the
-    model's launch-to-launch spread (ModelSpec.launch_sd), added to every paired test.
+    launch-to-launch spread (harness.gate.launches), added to every paired test for each side's
+    launches. Every side may hold several launches (its records' `launch`): a question then counts
+    by the share of launches that answered it right.
 
     Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
     early = unmeasured(outcome, gate)
     if early is not None:
         return early
-    answers = correctness(outcome.questions, gate.extraction)
-    test_answers = correctness([r for r in outcome.questions if r.is_test], gate.extraction)
-    n, correct = len(answers), sum(answers.values())
+    answers = Answers.of(outcome.questions, gate.extraction)
+    test_answers = Answers.of([r for r in outcome.questions if r.is_test], gate.extraction)
+    n, share = len(answers.right), sum(answers.right.values())
+    correct = round(share)
     low, high = wilson_interval(correct, n)
     found = _comparisons(answers, gate, {"reference": reference, HISTORY_LABEL: history,
-                                         "the pinned run": pinned}, launch_sd)
+                                         PINNED_LABEL: pinned}, launch_sd)
     # Against a reference that cannot vouch (it failed, errored, stopped early), every healthy cell
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
-    floor_tested = stage.floor_tested and floor > 0 and bool(test_answers)
+    floor_tested = stage.floor_tested and floor > 0 and bool(test_answers.right)
     tests = floor_tested + len(found) + (diverged is not None)
     alpha = stage.alpha / max(tests, 1)
-    reasons = [f"accuracy {correct / n:.3f} ({correct}/{n}, 95% CI {low:.3f}-{high:.3f})"]
+    launches = f" over {answers.launches} launches" if answers.launches > 1 else ""
+    reasons = [f"accuracy {share / n:.3f} ({_count(share)}/{n}{launches}, 95% CI {low:.3f}-{high:.3f})"]
     status = Status.PASS
     if outcome.stopped_early:  # a sequential test (floor or divergence) rejected, at its own share of the budget
         status = Status.FAIL
@@ -198,10 +255,16 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
         status = Status.INCONCLUSIVE
     if reference_problem:
         reasons.append(reference_problem)
-    history_paired, pinned_paired = found.get(HISTORY_LABEL), found.get("the pinned run")
-    return Verdict(status=status, reason="; ".join(reasons), stage=stage.number, accuracy=correct / n, n=n,
-                   correct=correct, ci_low=low,
-                   ci_high=high, floor_p=floor_p, floor_n=len(test_answers), floor_correct=sum(test_answers.values()),
+    decide = None
+    if status is Status.INCONCLUSIVE:
+        decide = ("a reference that can vouch for it" if reference_problem and not any(p.decide for p in parts)
+                  else next((p.decide for p in parts if p.decide), None))
+    history_paired, pinned_paired = found.get(HISTORY_LABEL), found.get(PINNED_LABEL)
+    return Verdict(status=status, reason="; ".join(reasons), stage=stage.number, accuracy=share / n, n=n,
+                   correct=correct, ci_low=low, ci_high=high, floor_p=floor_p, floor_n=len(test_answers.right),
+                   floor_correct=round(sum(test_answers.right.values())),
+                   launches=answers.launches, launch_sd=launch_sd if found and launch_sd > 0 else None,
+                   launch_sample=launch_sample(outcome.questions, gate.extraction), decide=decide,
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,

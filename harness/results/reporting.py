@@ -112,6 +112,10 @@ def print_summary(console: Console, info: RunInfo, results: list[CellResult], re
     for result in results:
         if result.status in (Status.FAIL, Status.MISMATCH, Status.ERROR):
             console.print(f"  [{result.status.colour}]{result.status.value}[/] {result.cell_id}: {result.reason}")
+    for result in results:
+        if result.status is Status.INCONCLUSIVE:
+            console.print(f"  [{result.status.colour}]undecided[/] {result.cell_id} after {result.launches} launch(es): "
+                          f"would be decided by {result.decide or 'see its reason'}; {result.reason}")
     console.print(f"results: {results_path}")
     if info.results_error:
         from rich.markup import escape

@@ -34,6 +34,7 @@ def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     extra = benchmark.extension(inputs.data, plan, inputs.loaded.suite.gate.extend_to - len(plan.prompts))
     if extra is None:
         return
+    gating.extension_plan = extra
     extra_total = len(plan.prompts) + len(extra.prompts)
     wanted = {c.cell_id for c in undecided} | {c.reference_cell for c in undecided if c.reference_cell}
     more: dict[str, CellOutcome] = {}

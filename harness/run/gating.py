@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
+from harness.gate.launches import SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
 from harness.gate.verdict import Stage, judge, pass_confidence_per_stage
-from harness.records import CellOutcome, CellResult, Status, Throughput, Verdict
+from harness.records import CellOutcome, CellResult, LaunchSample, Status, Throughput, Verdict
 from harness.results.sinks import FinishedCell, Sinks
 from harness.run.history import History
+from harness.run.scheduling.durations import held_s
 from harness.suite.config import GateSpec
 from harness.suite.matrix import Cell, SkippedCell
 
@@ -32,7 +34,7 @@ class _Waiting:
 
 def cell_result(outcome: CellOutcome, verdict: Verdict, *, cell_id: str, model: str, factors: dict[str, str],
                 reference_cell: str | None, floor: float, fingerprint: str,
-                history_run_id: str | None = None) -> CellResult:
+                history_runs: tuple[str, ...] = ()) -> CellResult:
     """The cells.jsonl record of a judged cell (a matrix cell, or `regress eval`'s one server)."""
     measured = outcome.score
     reason = verdict.reason
@@ -47,7 +49,8 @@ def cell_result(outcome: CellOutcome, verdict: Verdict, *, cell_id: str, model: 
         throughput=measured.throughput if measured else Throughput(), protocol_fingerprint=fingerprint,
         server_version=outcome.server.version, cuda_visible_devices=outcome.server.cuda_visible_devices,
         node=outcome.server.node, stopped_early=outcome.stopped_early is not None,
-        history_run_id=history_run_id if verdict.history_p is not None else None)
+        history_run_id=history_runs[0] if verdict.history_p is not None and history_runs else None,
+        history_runs=list(history_runs) if verdict.history_p is not None else [])
 
 
 def prediction_misses(predicted: dict, resolved: dict) -> list[str]:
@@ -62,10 +65,11 @@ class Gating:
     """The verdicts of one run, made as cells finish and written through `sinks`."""
 
     def __init__(self, gate: GateSpec, budget: Budget, fingerprint: str, history: History, sinks: Sinks,
-                 predicted: dict[str, dict] | None = None) -> None:
+                 predicted: dict[str, dict] | None = None, extends: bool = False) -> None:
         self.gate = gate
         self.predicted = predicted or {}
-        self.budget = budget  # extension_share > 0: undecided cells are extended (stage 2)
+        self.budget = budget  # its stages: 1, the extension when `extends` (2), then one per relaunch
+        self.extends = extends
         self.fingerprint = fingerprint
         self.history = history
         self.sinks = sinks
@@ -74,6 +78,11 @@ class Gating:
         self._results: dict[str, CellResult] = {}
         self._floor_grew: set[str] = set()  # extended cells whose extension added test questions
         self._unvouched: set[str] = set()  # cells whose reference could not vouch for them
+        self._samples: dict[tuple[str, int], LaunchSample | None] = {}  # (cell id, launches) -> its sample
+        self._extended: set[str] = set()  # cells that answered the extension's questions too
+        self._launch_counts: dict[tuple[str, int], int] = {}
+        self._server_s: dict[str, float] = {}  # cell id -> GPU-seconds its servers held (every launch)
+        self.extension_plan = None  # the extension's questions, once asked (harness.run.extension)
 
     # ---- reading ---------------------------------------------------------------------------------
     def results(self) -> dict[str, CellResult]:
@@ -104,6 +113,7 @@ class Gating:
     # ---- judging ---------------------------------------------------------------------------------
     def offer(self, cell: Cell, outcome: CellOutcome, log: str) -> None:
         """A finished cell: judged now, or once its reference is."""
+        self.count_server_time(cell, outcome)
         reference = cell.reference_cell
         if reference is not None and reference not in self._results:
             self._waiting.setdefault(reference, []).append(_Waiting(cell, outcome, log))
@@ -121,17 +131,19 @@ class Gating:
         reference = None if reference_missing or cell.reference_cell is None else self._answers.get(cell.reference_cell)
         found = self.history.baseline(cell.cell_id)
         pinned = self.history.pinned(cell.cell_id)
-        if pinned is not None and found is not None and pinned[0] == found[0]:
+        if pinned is not None and found is not None and found.run_ids == (pinned[0],):
             pinned = None  # the same run twice is one test, not two
-        confidence = pass_confidence_per_stage(self.gate.pass_confidence, 2 if self.budget.extension_share else 1)
+        confidence = pass_confidence_per_stage(self.gate.pass_confidence, self.budget.stages)
+        launches = self._count_launches(cell.cell_id, outcome)
+        # The floor is tested again only on new evidence: test questions the extension added, or another launch.
         judgement = Stage(alpha=self.budget.stage(stage), pass_confidence=confidence, number=stage,
-                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew)
+                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew or launches > 1)
         problem = self._reference_problem(cell, reference_missing)
         if problem:
             self._unvouched.add(cell.cell_id)
-        verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found[1] if found else None,
+        verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found.outcomes if found else None,
                         pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
-                        cell.model.launch_sd)
+                        self.launch_sd(cell.model.id, cell.model.launch_sd))
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})
@@ -141,7 +153,7 @@ class Gating:
                                                  + ", ".join(surprises)})
         result = cell_result(outcome, verdict, cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
                              reference_cell=cell.reference_cell, floor=cell.model.floor, fingerprint=self.fingerprint,
-                             history_run_id=found[0] if found else None)
+                             history_runs=found.run_ids if found else ())
         result = result.model_copy(update={"predicted": predicted})
         earlier = self._results.get(cell.cell_id)
         if not log and earlier is not None:
@@ -154,8 +166,52 @@ class Gating:
         """An undecided cell the extension can help: judged at stage 1 on answers, and its
         reference (if any) can vouch for it (a broken reference stays broken with more questions)."""
         result = self._results.get(cell_id)
-        return (self.budget.extension_share > 0 and result is not None and result.status is Status.INCONCLUSIVE
-                and result.stage == 1 and cell_id in self._answers and cell_id not in self._unvouched)
+        return (self.extends and result is not None and result.stage == 1 and self.undecided(cell_id))
+
+    def undecided(self, cell_id: str) -> bool:
+        """Judged `inconclusive` on answers, and its reference (if any) can vouch for it: more
+        questions or another launch may decide it (a broken reference stays broken either way)."""
+        result = self._results.get(cell_id)
+        return (result is not None and result.status is Status.INCONCLUSIVE and cell_id in self._answers
+                and cell_id not in self._unvouched)
+
+    def launches(self, cell_id: str) -> int:
+        """How many launches the cell's answers come from (0: none judged on answers)."""
+        outcome = self._answers.get(cell_id)
+        return self._count_launches(cell_id, outcome) if outcome is not None else 0
+
+    def _count_launches(self, cell_id: str, outcome: CellOutcome) -> int:
+        key = (cell_id, len(outcome.questions))  # a cell's records only ever grow
+        if key not in self._launch_counts:
+            self._launch_counts[key] = len({r.launch for r in outcome.questions}) or 1
+        return self._launch_counts[key]
+
+    def was_extended(self, cell_id: str) -> bool:
+        return cell_id in self._extended
+
+    def relaunch_stage(self, launches: int) -> int:
+        """The stage a cell is judged at on `launches` launches: after stage 1 (and the extension)."""
+        return (2 if self.extends else 1) + launches - 1
+
+    # ---- launch spread ---------------------------------------------------------------------------
+    def spread(self, model: str) -> SpreadEstimate | None:
+        """The launch spread measured on `model`'s cells: this run's launches so far and the history's."""
+        samples = list(self.history.launch_samples(model))
+        for cell_id, outcome in self._answers.items():
+            result = self._results.get(cell_id)
+            if result is None or result.model != model:
+                continue
+            key = (cell_id, self._count_launches(cell_id, outcome))
+            if key[1] > 1:
+                if key not in self._samples:
+                    self._samples[key] = launch_sample(outcome.questions, self.gate.extraction)
+                if self._samples[key] is not None:
+                    samples.append(self._samples[key])
+        return pooled_spread(samples)
+
+    def launch_sd(self, model: str, prior: float) -> float:
+        """What the paired tests of `model`'s cells add for launch spread (harness.gate.launches)."""
+        return spread_for_gate(prior, self.spread(model))
 
     def _reference_problem(self, cell: Cell, missing: bool) -> str | None:
         """Why the cell's reference cannot vouch for it, if it cannot: a cell compared with an
@@ -172,19 +228,49 @@ class Gating:
             return f"reference broken: {name} stopped early after {result.n} questions"
         return None
 
+    def count_server_time(self, cell: Cell, outcome: CellOutcome) -> None:
+        """Add what a finished launch of `cell` held (its GPUs x seconds) to the run's server time."""
+        seconds = held_s(outcome.timings)
+        self._server_s[cell.cell_id] = self._server_s.get(cell.cell_id, 0.0) + cell.gpus * (seconds or 0.0)
+
+    def server_seconds(self, cell_id: str | None = None) -> float:
+        """GPU-seconds the run's servers held so far: one cell's (all its launches), or every cell's."""
+        return self._server_s.get(cell_id, 0.0) if cell_id else sum(self._server_s.values())
+
     def extended(self, cell: Cell, more: CellOutcome) -> None:
         """Judge `cell` again on its answers plus `more` (extra questions of the extension)."""
+        self.count_server_time(cell, more)
         base = self._answers[cell.cell_id]
         records = [*base.questions, *more.questions]
+        self._extended.add(cell.cell_id)
         if any(r.is_test for r in more.questions):
             self._floor_grew.add(cell.cell_id)
         merged = base.model_copy(update={"questions": records,
                                          "score": score(records, base.score.eval_s + more.score.eval_s)})
         self._answers[cell.cell_id] = merged
 
-    def rejudge(self, cell: Cell, note: str) -> None:
-        """Judge a cell again, at stage 2, on the answers it has now (see `extended`)."""
-        self.judge(cell, self._answers[cell.cell_id], "", note=note, stage=2)
+    def note(self, cell: Cell, text: str) -> None:
+        """Add `text` to a judged cell's reason (its verdict unchanged): why it stays as it is."""
+        result = self._results.get(cell.cell_id)
+        if result is None:
+            return
+        outcome = self._answers.get(cell.cell_id)
+        noted = result.model_copy(update={"reason": f"{result.reason}; {text}"})
+        self._results[cell.cell_id] = self.sinks.cell(FinishedCell(noted, outcome.questions if outcome else []))
+
+    def relaunched(self, cell: Cell, launch: CellOutcome) -> None:
+        """Another launch of `cell` (same questions, another server): its records join the cell's
+        answers as the next launch; `rejudge` then judges the cell on every launch."""
+        self.count_server_time(cell, launch)
+        base = self._answers[cell.cell_id]
+        number = max((r.launch for r in base.questions), default=0) + 1
+        records = [*base.questions, *(r.model_copy(update={"launch": number}) for r in launch.questions)]
+        eval_s = base.score.eval_s + (launch.score.eval_s if launch.score else 0.0)
+        self._answers[cell.cell_id] = base.model_copy(update={"questions": records, "score": score(records, eval_s)})
+
+    def rejudge(self, cell: Cell, note: str, stage: int = 2) -> None:
+        """Judge a cell again, at a later stage, on the answers it has now (see `extended`, `relaunched`)."""
+        self.judge(cell, self._answers[cell.cell_id], "", note=note, stage=stage)
 
     def release_waiting(self) -> None:
         """The run is over: cells whose reference never produced a score are judged without it."""

@@ -1,13 +1,16 @@
 """What earlier runs of a suite tell this one: the latest run's verdicts and durations (for ordering
-and planning), and, per cell, its baseline (the history test of the gate pairs with its answers):
-the newest run under the same protocol in which the cell was judged on answers and was not a
-regression (`pass` or `inconclusive`), and the suite's pinned run.
+and planning), per cell its baseline (the history test of the gate pairs with its answers), the
+suite's pinned run, and the launch-spread samples earlier runs measured (harness.gate.launches).
 
-Searching back per cell, rather than using the latest run alone, keeps the history test for a cell
-that failed or was not selected last night: its last answers that were not a regression are still
-the baseline. Only `fail` and `mismatch` are passed over, never a merely undecided night: choosing
-"the newest run where the cell passed" would choose nights that were lucky (a cell at its floor
-passes on its good nights), and a test against a lucky night rejects too often.
+A cell's baseline pools its answers in its newest runs under the same protocol where it *passed*, up
+to `gate.history_runs` of them (each run's launches are launches of the pool): one earlier launch
+carries a whole launch's spread into the test, five carry a fifth of it. Searching back per cell,
+rather than using the latest run alone, keeps the history test for a cell that failed or was not
+selected last night. Only passing runs are pooled: a cell that truly dropped is rarely `pass` (a
+pass bounds the drop under min_effect), so the nights after a drop do not water its baseline down
+while the drop persists. The price is a small lean toward lucky nights for a cell that passes on
+only some nights (a healthy cell passes on nearly all); benchmarks/gate_calibration.py measures
+the false-fail rate with it.
 
 `gate.pinned_run: auto` pins the first finished run of this protocol that was not red (no `fail`,
 no `mismatch`; the oldest such run kept): every later night of the protocol is paired with its
@@ -17,29 +20,43 @@ still grows against the pin. A new protocol (another fingerprint) starts a new s
 
 from __future__ import annotations
 
-from harness.records import CellOutcome, CellResult, RunInfo, Status, latest_per_cell
+from dataclasses import dataclass
+
+from harness.records import CellOutcome, CellResult, LaunchSample, RunInfo, Status, latest_per_cell
 from harness.results.archive import RunArchive
 from harness.results.catalog import answers_outcome
 
 MAX_RUNS_SEARCHED = 30
-BASELINE_STATUSES = (Status.PASS, Status.INCONCLUSIVE)  # judged on answers, not a regression
+BASELINE_STATUSES = (Status.PASS,)  # the runs a cell's baseline pools (module docstring)
+PINNED_STATUSES = (Status.PASS, Status.INCONCLUSIVE)  # judged on answers, not a regression
 AUTO_PIN = "auto"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A cell's answers in its newest passing runs, newest first: the gate pools them, each run's
+    launches launches of the pool (harness.gate.verdict)."""
+
+    run_ids: tuple[str, ...]
+    outcomes: tuple[CellOutcome, ...]
 
 
 class History:
     """Earlier finished runs of one suite with one protocol fingerprint, newest first."""
 
     def __init__(self, archive: RunArchive, runs: list[RunInfo], pinned_run: RunInfo | None = None,
-                 pinned_problem: str | None = None) -> None:
+                 pinned_problem: str | None = None, pool: int = 1) -> None:
         self.archive = archive
         self.runs = runs[:MAX_RUNS_SEARCHED]
         self.pinned_run = pinned_run
         self.pinned_problem = pinned_problem  # why the suite's pinned run cannot be paired with, if it cannot
+        self.pool = max(pool, 1)  # gate.history_runs: passing runs a baseline pools
         self._cells: dict[str, dict[str, CellResult]] = {}
+        self._baselines: dict[str, Baseline | None] = {}  # earlier runs do not change while this one runs
 
     @classmethod
     def of(cls, archive: RunArchive, suite: str, fingerprint: str, current_run_id: str,
-           pinned_run_id: str | None = None) -> History:
+           pinned_run_id: str | None = None, pool: int = 1) -> History:
         every = [info for info in reversed(archive.runs(suite)) if info.run_id != current_run_id]
         runs = [info for info in every if info.protocol_fingerprint == fingerprint]
         pinned, problem = None, None
@@ -54,7 +71,7 @@ class History:
                 problem = (f"gate.pinned_run {pinned_run_id} asked other questions (protocol "
                            f"{pinned.protocol_fingerprint}, this run {fingerprint}): its answers cannot be paired")
                 pinned = None
-        return cls(archive, runs, pinned, problem)
+        return cls(archive, runs, pinned, problem, pool)
 
     def _results(self, run: RunInfo) -> dict[str, CellResult]:
         if run.run_id not in self._cells:
@@ -69,17 +86,29 @@ class History:
         """Cells that failed or mismatched in the latest earlier run."""
         return {result.cell_id for result in self.latest() if result.status.is_regression}
 
-    def baseline(self, cell_id: str) -> tuple[str, CellOutcome] | None:
-        """(run id, answers) of the newest earlier run in which the cell was not a regression, if any."""
+    def baseline(self, cell_id: str) -> Baseline | None:
+        """The cell's answers in its newest earlier runs where it passed (up to `pool`), pooled; None
+        when it passed in none."""
+        if cell_id in self._baselines:
+            return self._baselines[cell_id]
+        found = []
         for run in self.runs:
-            found = self._answers(run, cell_id, BASELINE_STATUSES)
-            if found is not None:
-                return found
-        return None
+            answers = self._answers(run, cell_id, BASELINE_STATUSES)
+            if answers is not None:
+                found.append(answers)
+                if len(found) == self.pool:
+                    break
+        self._baselines[cell_id] = Baseline(tuple(r for r, _ in found), tuple(o for _, o in found)) if found else None
+        return self._baselines[cell_id]
 
     def pinned(self, cell_id: str) -> tuple[str, CellOutcome] | None:
         """(run id, answers) of the cell in the suite's pinned run, if it was not a regression there."""
-        return self._answers(self.pinned_run, cell_id, BASELINE_STATUSES) if self.pinned_run else None
+        return self._answers(self.pinned_run, cell_id, PINNED_STATUSES) if self.pinned_run else None
+
+    def launch_samples(self, model: str) -> list[LaunchSample]:
+        """What the searched runs measured of launch spread on `model`'s cells (harness.gate.launches)."""
+        return [result.launch_sample for run in self.runs for result in self._results(run).values()
+                if result.model == model and result.launch_sample is not None]
 
     def _answers(self, run: RunInfo, cell_id: str, statuses: tuple[Status, ...]) -> tuple[str, CellOutcome] | None:
         result = self._results(run).get(cell_id)

@@ -40,6 +40,7 @@ from harness.run.extension import extend
 from harness.run.gating import Gating
 from harness.run.history import AUTO_PIN, History
 from harness.run.ray.scheduler import Interrupted, Scheduler
+from harness.run.relaunch import relaunch
 from harness.run.scheduling.durations import Durations
 from harness.run.scheduling.placement import longest_first, priority_class, priority_order
 from harness.run.signals import StopRequest, stop_on_signals
@@ -83,6 +84,9 @@ class CellJobs:
     judged: Callable[[str], bool] = lambda cell_id: False
     vouching: Callable[[Cell], CellOutcome | None] = lambda cell: None
     measured: dict[str, CellOutcome] = field(default_factory=dict)  # back from a slot, not judged yet
+    # Early stop looks at a cell's first launch only: a relaunch (harness.run.relaunch) would spend
+    # the cell's early-stop share again.
+    looks: bool = True
 
     def notice(self, cell: Cell, outcome: CellOutcome) -> None:
         """A finished cell's outcome, before it is judged (the scheduler places the next cells first).
@@ -118,7 +122,7 @@ class CellJobs:
         diverges = suite.gate.divergence.enabled and cell.reference_cell is not None
         # The early-stop share is split evenly over the sequential tests a cell can make (a union bound).
         share = budget.early_stop / max(1, (cell.model.floor > 0) + diverges)
-        if budget.early_stop > 0:
+        if budget.early_stop > 0 and self.looks:
             # The looks test the floor, which holds for test questions: they look at those alone.
             test = self.inputs.plan.test_indices()
             early_stop = EarlyStop(cell.model.floor, len(test), share, suite.gate.extraction, order=test)
@@ -135,13 +139,19 @@ class CellJobs:
                        stall_timeout_s=suite.stall_timeout_s, early_stop=early_stop, divergence_stop=divergence_stop)
 
 
-def run_budget(inputs: RunInputs) -> Budget:
-    """The run's false-fail budget (harness.gate.budget): every cell of the matrix, a stage 2 when
-    the suite extends and its protocol can."""
+def extends(inputs: RunInputs) -> bool:
+    """Whether undecided cells can be asked more questions: the suite extends and its protocol can."""
     gate = inputs.loaded.suite.gate
-    extends = bool(gate.extend_to and gate.extend_to > len(inputs.plan.prompts) and inputs.plan.extensible)
+    return bool(gate.extend_to and gate.extend_to > len(inputs.plan.prompts) and inputs.plan.extensible)
+
+
+def run_budget(inputs: RunInputs) -> Budget:
+    """The run's false-fail budget (harness.gate.budget): every cell of the matrix; later stages for
+    the extension (when the suite extends and its protocol can) and for each relaunch."""
+    gate = inputs.loaded.suite.gate
+    later = int(extends(inputs)) + gate.max_launches - 1
     return Budget(gate.alpha, len(inputs.matrix.cells), gate.early_stop_share,
-                  gate.extension_share if extends else 0.0)
+                  gate.extension_share if later else 0.0, later_stages=later)
 
 
 def failed_first(cells: list[Cell], history: History, enabled: bool) -> set[str]:
@@ -198,10 +208,14 @@ class _Schedule:
                                    other_starts=lambda cells: [longest_first(cells, self.durations, first)])
 
     def run(self, cells: list[Cell], plan: ProtocolPlan | None = None, on_outcome: Any = None,
-            label: str | None = None) -> None:
+            label: str | None = None, looks: bool = True) -> None:
         self.jobs.queue(cells)
-        self.scheduler.run(self.order(cells), plan or self.inputs.plan, on_outcome or self._gate,
-                           label or self.inputs.loaded.suite.suite)
+        self.jobs.looks = looks
+        try:
+            self.scheduler.run(self.order(cells), plan or self.inputs.plan, on_outcome or self._gate,
+                               label or self.inputs.loaded.suite.suite)
+        finally:
+            self.jobs.looks = True
 
     def _gate(self, cell: Cell, outcome: CellOutcome, log: str, console: Console) -> None:
         self.gating.offer(cell, outcome, log)
@@ -217,7 +231,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     info = info.model_copy(update={"gate_budget": run_budget(inputs).describe()})
     suite = inputs.loaded.suite
     history = History.of(archives(options.results_dir, options.tracking_uri), suite.suite,
-                         inputs.plan.fingerprint, info.run_id, suite.gate.pinned_run)
+                         inputs.plan.fingerprint, info.run_id, suite.gate.pinned_run, suite.gate.history_runs)
     if not options.quiet:
         warn = warner(console)
         for warning in [*suite.warnings(), *([history.pinned_problem] if history.pinned_problem else [])]:
@@ -229,7 +243,8 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
     tracker = Tracker(options.tracking_uri) if options.tracking_uri else None
     sinks = sinks(store) if sinks else standard_sinks(store, tracker, console, options.quiet)
     info = sinks.open(info, _run_params(inputs, store))
-    gating = Gating(suite.gate, run_budget(inputs), inputs.plan.fingerprint, history, sinks, inputs.predicted)
+    gating = Gating(suite.gate, run_budget(inputs), inputs.plan.fingerprint, history, sinks, inputs.predicted,
+                    extends=extends(inputs))
     for result in kept:
         gating.restore(result, stored_outcome(store, result.cell_id, result.args))
     preload_statistics()
@@ -243,8 +258,9 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
                                                mismatches=planned[cell.cell_id]), "")
         try:
             schedule.run([c for c in inputs.matrix.cells if c.cell_id not in gating.results() and c.cell_id not in planned])
-            if gating.budget.extension_share:
+            if gating.extends:
                 extend(inputs, gating, schedule.run)
+            relaunch(inputs, gating, schedule.run)
         except (KeyboardInterrupt, Interrupted):
             interrupted = True
         except _FailFast:

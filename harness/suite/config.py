@@ -126,8 +126,22 @@ class GateSpec(Strict):
     # Undecided cells (and their references) are asked more questions up to this many in all: the
     # test questions not asked yet, then train questions (never the shots). null: no extension.
     extend_to: Annotated[int, Field(ge=1)] | None = None
-    # The share of the cells' final alpha kept for the judgement after the extension (stage 2).
+    # The share of the cells' final alpha kept for the stages after the first (the extension, then
+    # each relaunch), split evenly over them (harness.gate.budget).
     extension_share: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.7
+    # Launch spread (what moves a cell between launches of its server) does not shrink with more
+    # questions, only with more launches: a cell still undecided after its planned questions (and
+    # the extension) is launched again, on other GPUs where there are, up to this many launches in
+    # all, its reference once more beside it, and judged on every launch (harness.run.relaunch). 1: never.
+    max_launches: Annotated[int, Field(ge=1, le=8)] = 1
+    # Relaunches may add at most this share to the run's server time so far (GPU-seconds): a healthy
+    # night costs at most 1 + this. Cells left over stay `inconclusive`, and the headline says so.
+    relaunch_budget: Annotated[float, Field(ge=0.0, le=4.0)] = 0.3
+    # Launch every reference a second time in each run, undecided cells or not: the night's own
+    # measurement of launch spread (harness.gate.launches), and a reference twice as steady.
+    measure_launch_spread: bool = False
+    # The history test pools the cell's answers in its newest earlier runs where it passed, up to this many.
+    history_runs: Annotated[int, Field(ge=1, le=30)] = 5
     # A run of this suite every cell is also paired with (besides its last run), so a slow drift
     # of a point a night cannot pass unseen. `auto`: the first finished run of this protocol that
     # was not red (no fail or mismatch; the job says which); a run id: that run (`regress calibrate

@@ -90,7 +90,7 @@ def test_history_pairing_catches_a_drop_that_the_reference_shares():
     today = outcome([True] * 165 + [False] * 35)  # 0.825, and the reference dropped alike
     verdict = judge(today, floor=0.5, gate=GATE, stage=NIGHT, reference=today, history=yesterday)
     assert verdict.status is Status.FAIL and verdict.history_p < 1e-5
-    assert "vs the last run 0.950" in verdict.reason and "lost 25, gained 0" in verdict.reason
+    assert "vs its last runs 0.950" in verdict.reason and "lost 25, gained 0" in verdict.reason
 
 
 # ---- the audit's holes (issue 15): a broken or missing reference never vouches for a cell ----------
@@ -153,7 +153,12 @@ def test_the_budget_spends_alpha_once_across_cells_looks_and_stages():
     assert abs(budget.stage(2) / budget.stage(1) - 0.7 / 0.3) < 1e-9
     alone = Budget(alpha=0.01, cells=72, early_stop_share=0.1)  # no extension: stage 1 gets it all
     assert alone.stage(2) == 0 and abs(alone.stage(1) - 0.9 * 0.01 / 72) < 1e-15
-    assert "72 cells" in budget.describe() and "extension" in budget.describe()
+    assert "72 cells" in budget.describe() and "1 later stage" in budget.describe()
+    # Relaunches add stages after the extension: the later share is split evenly over them.
+    ladder = Budget(alpha=0.01, cells=72, early_stop_share=0.1, extension_share=0.7, later_stages=3)
+    assert ladder.stages == 4 and ladder.stage(5) == 0
+    assert abs(ladder.early_stop + sum(ladder.stage(k) for k in range(1, 5)) - 0.01 / 72) < 1e-15
+    assert abs(ladder.stage(2) - ladder.stage(4)) < 1e-18 and abs(ladder.stage(2) * 3 / ladder.stage(1) - 0.7 / 0.3) < 1e-9
 
 
 def test_the_margin_test_reduces_to_mcnemar_and_demands_more_as_the_margin_grows():

@@ -37,12 +37,22 @@ def test_each_cell_pairs_with_its_own_last_run_that_was_not_a_regression_and_the
                              (info("night-3", "other"), {"a": Status.PASS, "b": Status.PASS})])
     history = History.of(archive, "nightly", "fp", "night-4", pinned_run_id="night-1")
     assert history.pinned_problem is None
-    assert history.baseline("a")[0] == "night-1"  # night-2 failed it; night-3 asked other questions
-    assert history.baseline("b")[0] == "night-2"
-    # An undecided night is a baseline too: passing over it would pick the cell's lucky nights.
-    assert history.baseline("c")[0] == "night-2"
+    assert history.baseline("a").run_ids == ("night-1",)  # night-2 failed it; night-3 asked other questions
+    assert history.baseline("b").run_ids == ("night-2",)
+    # Only passing nights are pooled: the nights after a real drop (rarely `pass`) keep out of it.
+    assert history.baseline("c").run_ids == ("night-1",)
     assert history.pinned("b")[0] == "night-1" and history.pinned("b")[1].questions[0].prompt_sha == "night-1"
-    assert history.pinned("c")[0] == "night-1"
+    # The pin may be any night the cell was judged on answers and was not a regression in.
+    assert History.of(archive, "nightly", "fp", "night-4", pinned_run_id="night-2").pinned("c")[0] == "night-2"
+
+
+def test_a_baseline_pools_the_newest_passing_runs():
+    archive = MemoryArchive([(info(f"night-{k}"), {"a": Status.PASS}) for k in range(1, 8)])
+    history = History.of(archive, "nightly", "fp", "night-8", pool=5)
+    baseline = history.baseline("a")
+    assert baseline.run_ids == ("night-7", "night-6", "night-5", "night-4", "night-3")
+    assert [o.questions[0].prompt_sha for o in baseline.outcomes] == [f"night-{k}" for k in range(7, 2, -1)]
+    assert History.of(archive, "nightly", "fp", "night-8").baseline("a").run_ids == ("night-7",)
 
 
 def test_auto_pins_the_first_run_of_the_protocol_that_was_not_red():

@@ -1,0 +1,163 @@
+"""Launches: what moves a cell between server launches beyond its questions (pure).
+
+A launch of a server answers the questions; another launch of the same configuration answers some of
+them otherwise (non-deterministic kernels, autotuning, another node), and its accuracy as a whole may
+sit a little higher or lower: that whole-launch shift is the *launch spread* (an sd, `launch_sd`).
+It does not shrink with more questions, only with more launches: a cell judged on k launches against
+a side of m launches carries launch_sd^2 (1/k + 1/m) in its paired drop's variance.
+
+The spread is measured, not assumed. Every cell with two or more launches in a run (each reference's
+second launch, every relaunched cell: harness.run.relaunch) gives a `LaunchSample`: on the questions
+all its launches answered, the sum of squared deviations of the launches' accuracies from their mean
+(`between`, launches - 1 degrees of freedom) and the part the questions' own chance explains
+(`within`: per question, the variance of its answers over the launches, summed over questions and
+divided by n^2; its expectation when launches differ only question by question). Pooled over cells and
+runs (one-way random effects, moment estimate):
+
+    launch_sd^2 = (sum between - sum within) / sum df          (floored at 0)
+
+with a chi-square interval on `sum between` (the questions' part held fixed). A suite's own
+`launch_sd` is the prior the gate uses while the pooled samples have fewer than `MIN_DF` degrees of
+freedom (`spread_for_gate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from harness.records import LaunchSample, QuestionRecord
+
+MIN_DF = 8  # pooled degrees of freedom from which the measurement replaces the suite's prior
+REMEMBERED = 512  # `Answers.pooled` results kept (oldest dropped first)
+_REMEMBERED: dict[tuple, tuple[list, Answers]] = {}
+
+
+@dataclass(frozen=True)
+class Answers:
+    """One side of a paired test: per question, the share of its launches that answered it right,
+    and how many launches it has (each adds its own shift: the launch term of the variance)."""
+
+    right: dict[int, float]
+    launches: int = 1
+
+    @classmethod
+    def of(cls, records: list[QuestionRecord], extraction: str) -> Answers:
+        """Answered questions only (a transport failure is no answer), grouped over launches."""
+        totals: dict[int, list[float]] = defaultdict(list)
+        launches = set()
+        for record in records:
+            if record.error is None:
+                totals[record.index].append(float(record.correct_strict if extraction == "strict" else record.correct))
+                launches.add(record.launch)
+        return cls({index: sum(values) / len(values) for index, values in totals.items()}, max(len(launches), 1))
+
+    @classmethod
+    def pooled(cls, runs: list[list[QuestionRecord]], extraction: str) -> Answers:
+        """Several runs' records of one cell, each run's launches launches of the pool. Remembered
+        for the same lists (a reference is paired with each of its cells, a baseline at each stage)."""
+        key = (tuple(id(records) for records in runs), tuple(len(records) for records in runs), extraction)
+        kept = _REMEMBERED.get(key)
+        if kept is not None and all(a is b for a, b in zip(kept[0], runs, strict=True)):
+            return kept[1]
+        answers = cls._pooled(runs, extraction)
+        if len(_REMEMBERED) >= REMEMBERED:
+            _REMEMBERED.pop(next(iter(_REMEMBERED)))
+        _REMEMBERED[key] = (list(runs), answers)  # the lists are held, so their ids stay theirs
+        return answers
+
+    @classmethod
+    def _pooled(cls, runs: list[list[QuestionRecord]], extraction: str) -> Answers:
+        if len(runs) == 1:
+            return cls.of(runs[0], extraction)
+        totals: dict[int, list[float]] = defaultdict(list)
+        launches = 0
+        for records in runs:
+            seen = set()
+            for record in records:
+                if record.error is None:
+                    totals[record.index].append(float(record.correct_strict if extraction == "strict" else record.correct))
+                    seen.add(record.launch)
+            launches += len(seen)
+        return cls({index: sum(values) / len(values) for index, values in totals.items()}, max(launches, 1))
+
+    @classmethod
+    def binary(cls, right: dict[int, bool]) -> Answers:
+        return cls({index: float(value) for index, value in right.items()}, 1)
+
+    @property
+    def is_binary(self) -> bool:
+        """One launch, every answer right or wrong: the exact paired tests apply."""
+        return self.launches == 1 and all(value in (0.0, 1.0) for value in self.right.values())
+
+
+def launch_sample(records: list[QuestionRecord], extraction: str) -> LaunchSample | None:
+    """The cell's launches in one run as a launch-spread sample; None with fewer than two launches
+    or no question every launch answered."""
+    by_launch: dict[int, dict[int, float]] = defaultdict(dict)
+    for record in records:
+        if record.error is None:
+            by_launch[record.launch][record.index] = float(
+                record.correct_strict if extraction == "strict" else record.correct)
+    if len(by_launch) < 2:
+        return None
+    shared = set.intersection(*(set(answers) for answers in by_launch.values()))
+    if not shared:
+        return None
+    k, n = len(by_launch), len(shared)
+    accuracies = [sum(answers[q] for q in shared) / n for answers in by_launch.values()]
+    mean = sum(accuracies) / k
+    between = sum((a - mean) ** 2 for a in accuracies)
+    # Per question, the unbiased variance of its answers over the k launches; a launch's accuracy
+    # then varies by their sum / n^2 from the questions alone, and `between` by (k - 1) times that.
+    per_question = 0.0
+    for q in shared:
+        values = [answers[q] for answers in by_launch.values()]
+        centre = sum(values) / k
+        per_question += sum((v - centre) ** 2 for v in values) / (k - 1)
+    return LaunchSample(df=k - 1, between=between, within=(k - 1) * per_question / n**2, n=n)
+
+
+@dataclass(frozen=True)
+class SpreadEstimate:
+    """The pooled launch spread: its moment estimate and a two-sided interval (sds, fractions)."""
+
+    sd: float
+    low: float
+    high: float
+    df: int
+    confidence: float = 0.9
+
+    def describe(self) -> str:
+        return (f"launch spread {self.sd * 100:.2f} pts ({self.confidence:.0%} CI {self.low * 100:.2f}-"
+                f"{self.high * 100:.2f}, {self.df} df)")
+
+
+def pooled_spread(samples: list[LaunchSample], confidence: float = 0.9) -> SpreadEstimate | None:
+    """The moment estimate over `samples` (module docstring); None without a degree of freedom."""
+    df = sum(sample.df for sample in samples)
+    if df == 0:
+        return None
+    between = sum(sample.between for sample in samples)
+    within = sum(sample.within for sample in samples)
+    from scipy.stats import chi2
+
+    tail = (1 - confidence) / 2
+    low_total = between * df / float(chi2.ppf(1 - tail, df))
+    high_total = between * df / float(chi2.ppf(tail, df))
+
+    def sd(total: float) -> float:
+        return math.sqrt(max(total - within, 0.0) / df)
+
+    return SpreadEstimate(sd=sd(between), low=sd(low_total), high=sd(high_total), df=df, confidence=confidence)
+
+
+def spread_for_gate(prior: float, estimate: SpreadEstimate | None) -> float:
+    """The launch spread the paired tests add: the measurement once it rests on MIN_DF degrees of
+    freedom, else the larger of the suite's prior (`launch_sd`) and what has been measured so far."""
+    if estimate is None:
+        return prior
+    if estimate.df >= MIN_DF:
+        return estimate.sd
+    return max(prior, estimate.sd)
