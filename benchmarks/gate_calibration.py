@@ -59,6 +59,11 @@ from scipy.stats import binom, binomtest, norm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.analysis.calibrate import (  # noqa: E402
+    night_to_night_pairs,
+    propose_launch_spread,
+    propose_launch_spread_within,
+)
 from harness.benchmark.base import ProtocolPlan  # noqa: E402
 from harness.benchmark.gsm8k.dataset import load_gsm8k  # noqa: E402
 from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET, build_plan, extension_plan  # noqa: E402
@@ -108,6 +113,7 @@ class Scenario:
     drift: float = 0.0  # a drift a night, from night 1 on (pinned to night 0)
     drift_model_wide: bool = False  # the drift moves every cell of the first model (its reference too)
     nights_after: int = 1  # nights judged from the drop on (red within them)
+    estimate_nights: int = 0  # healthy nights played, then launch spread as the gate and calibrate measure it
 
 
 @dataclass
@@ -365,6 +371,24 @@ def trial(suite: Suite, scenario: Scenario, seed: int, launch_sd: float) -> Outc
                        frozenset({target}) if scenario.dropped else frozenset())
     mine = model_cells(inputs, first_model)
     outcome = Outcome()
+    if scenario.estimate_nights:
+        archive = MemoryArchive()
+        for number in range(scenario.estimate_nights):
+            gating = Night(inputs, world, number, {}).play(archive)
+            archive.remember(number, gating)
+        runs = [(info, archive.cells(info.run_id)) for info in archive.infos[-14:]]
+        within = {found.model: found.estimate.sd for found in propose_launch_spread_within(runs)}
+        night = {found.model: found.launch_sd for found in
+                 propose_launch_spread(night_to_night_pairs(archive, runs, "flexible"))}
+        for model in world.models:
+            spread = gating.spread(model)
+            if spread is not None:
+                outcome.figures[f"launch_sd, the gate ({model}, night {scenario.estimate_nights})"] = spread.sd
+            if model in within:
+                outcome.figures[f"launch_sd, calibrate within runs ({model}, 14 runs)"] = within[model]
+            if model in night:
+                outcome.figures[f"launch_sd, calibrate night to night ({model}, 14 runs)"] = night[model]
+        return outcome
     if scenario.drift:
         archive, caught = MemoryArchive(), None
         drifting = mine if scenario.drift_model_wide else [target]
@@ -421,10 +445,11 @@ SCENARIOS = {
     "3-pt drop, first night": Scenario("3-pt drop", dropped=0.03, first_night_only=True),
     "5-pt drop": Scenario("5-pt drop", dropped=0.05),
     "5-pt drop, first night": Scenario("5-pt drop", dropped=0.05, first_night_only=True),
+    "launch spread estimate": Scenario("estimate", estimate_nights=15),
     "drift 0.5 pt/night, one cell": Scenario("drift", drift=0.005),
     "drift 0.5 pt/night, model-wide": Scenario("drift", drift=0.005, drift_model_wide=True),
 }
-FEWER = {"model-wide break 10 pts": 4}  # a claim of >= 95% needs fewer trials
+FEWER = {"model-wide break 10 pts": 4, "launch spread estimate": 3}  # fewer trials: a claim of >= 95%, or figures
 
 
 def launch_s(cell: Cell, questions: int) -> float:
@@ -466,9 +491,10 @@ def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str]
                     parts.append(f"{figure} mean {values.mean() / base:.3f} x one pass (max {values.max() / base:.2f})")
                 else:
                     within = np.mean(np.abs(values / launch_sd - 1) <= 0.25) if launch_sd else float("nan")
+                    bias = values.mean() / launch_sd - 1 if launch_sd else float("nan")
                     parts.append(f"{figure} median {np.median(values) * 100:.2f} pts, 5-95% "
                                  f"{np.quantile(values, 0.05) * 100:.2f}-{np.quantile(values, 0.95) * 100:.2f}, "
-                                 f"within 25% of the truth {within:.0%}")
+                                 f"mean {bias:+.0%} off the truth, within 25% of it in {within:.0%}")
             console.print(f"  {key}: " + "; ".join(parts), soft_wrap=True)
 
 
@@ -502,26 +528,45 @@ def size(console: Console, quick: bool) -> None:
     console.print(f"  worst of {len(cases)}: exact {worst['exact']:.2f}, score {worst['score']:.2f}")
 
 
-def early_stop(data, console: Console) -> None:
-    """The incident's cells (accuracy 0.06-0.34 of a 0.90 model) against a floor 5 points under the
-    model, on the PR suite and the nightly, their broken answers returned last."""
+def early_stop(data, console: Console, draws: int) -> None:
+    """The incident's cells (GSM8K 0.05-0.31, drawn uniformly) against the shipped Kimi-Linear floor,
+    on the PR suite and the nightly, at the early-stop share CellJobs gives the floor's looks (half
+    of the cell's, the other half going to the divergence looks), their wrong answers returned last."""
     for name in ("pr", "nightly"):
         suite = Suite.load(name, data)
-        rule_alpha = run_budget(suite.inputs).early_stop
+        cell = next(c for c in suite.inputs.matrix.cells if not c.is_reference)
+        gate = suite.inputs.loaded.suite.gate
+        diverges = gate.divergence.enabled and cell.reference_cell is not None
+        share = run_budget(suite.inputs).early_stop / max(1, (cell.model.floor > 0) + diverges)
         planned = list(suite.inputs.plan.test_indices())  # what the looks see
-        decided = []
-        for strength in (0.66, 0.80, 0.94):
-            rng = random.Random(int(strength * 100))
-            right = {i: rng.random() < 0.9 * (1 - strength) for i in planned}
-            arrival = sorted(planned, key=lambda i: not right[i])  # right answers first, junk last
-            looks = Looks(EarlyStop(0.85, len(planned), rule_alpha, order=tuple(planned)))
+        rule = EarlyStop(cell.model.floor, len(planned), share, order=tuple(planned))
+        first_look, first_limit = rule.thresholds[0]
+        rng = random.Random(0)
+        looks_taken, back = [], []
+        for _ in range(draws):
+            accuracy = rng.uniform(0.05, 0.31)
+            right = {i: rng.random() < accuracy for i in planned}
+            # Right answers first, junk last (it runs to the token limit), each in the order asked.
+            arrival = sorted(planned, key=lambda i: not right[i])
+            looks = Looks(rule)
             for count, i in enumerate(arrival, start=1):
                 reason = looks.add(record(i, right[i]))
                 if reason:
-                    decided.append((int(reason.split("first ")[1].split(" ")[0]), count))
+                    looks_taken.append(int(reason.split("first ")[1].split(" ")[0]))
+                    back.append(count)
                     break
-        console.print(f"early stop ({name}, {rule_alpha:.2g} per cell over its looks): incident cells decided at the "
-                      f"(look, answers back) = {decided}; first look at 20 of {len(planned)} test questions")
+            else:
+                looks_taken.append(len(planned))
+                back.append(len(planned))
+        at_first = sum(look == first_look for look in looks_taken)
+        by_40 = sum(look <= 2 * first_look for look in looks_taken)
+        console.print(f"early stop ({name}: floor {cell.model.floor:.3f}, {share:.2g} for the floor's looks over "
+                      f"{len(rule.thresholds)} looks; at {first_look} questions at most {first_limit} right rejects): "
+                      f"incident cells (0.05-0.31) stopped at the first look {interval(at_first, draws)}, by the "
+                      f"second {interval(by_40, draws)}; answers back when stopped: median {int(np.median(back))}, "
+                      f"95th percentile {int(np.quantile(back, 0.95))} of {len(planned)}; a cell at 0.31 exactly: at "
+                      f"the first look {binom.cdf(first_limit, first_look, 0.31):.1%} (binomial), at 0.15: "
+                      f"{binom.cdf(first_limit, first_look, 0.15):.1%}")
 
 
 def main() -> None:
@@ -544,7 +589,7 @@ def main() -> None:
     if "size" in parts:
         size(console, args.quick)
     if "early-stop" in parts:
-        early_stop(load_gsm8k(), console)
+        early_stop(load_gsm8k(), console, 50 if args.quick else 2000)
     if "scenarios" in parts:
         chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
         unknown = [key for key in chosen if key not in SCENARIOS]

@@ -50,6 +50,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from harness.cli import app  # noqa: E402
 from harness.engine.sim_fixtures import INCIDENT_WORLD  # noqa: E402
+from harness.errors import ClusterError  # noqa: E402
+from harness.run.ray.cluster import start_local  # noqa: E402
 
 TPS = [1, 1, 2, 2, 4, 4, 8, 8]
 GPUS_PER_NODE, NODES = 8, 2
@@ -250,10 +252,7 @@ def main() -> None:
         suite, tps = setup(Path(folder), scale, arguments.failed_first, tps, arguments.matrix_seed,
                            **(QUICK if arguments.quick else {}))
         print(f"models (tp): {tps} on {NODES} nodes x {GPUS_PER_NODE} GPUs")
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-        for _ in range(NODES):
-            cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
-        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+        cluster = start_local(simulated_cluster)  # tried again on a busy machine, as `regress run` starts its own
         try:
             first = run_once(suite, Path(folder) / "results", tps)
             second = run_once(suite, Path(folder) / "results", tps)
@@ -272,5 +271,23 @@ def main() -> None:
     report_early_stop(stopped, full)
 
 
+def simulated_cluster() -> Cluster:
+    """A head and NODES nodes of GPUS_PER_NODE declared GPUs, the driver connected; a failed start
+    shuts down what it started (start_local then tries again)."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    try:
+        for _ in range(NODES):
+            cluster.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE)
+        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ClusterError as error:  # one line, as `regress` says it (exit 3: infrastructure, not a figure)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(3)

@@ -94,10 +94,13 @@ def ray_local():
 
     import ray
 
+    from harness.run.ray.cluster import start_local
+
     # 8 declared GPUs for the simulated suites, 2 CPU slots for the real-engine ones (cluster.platform: cpu).
-    ray.init(address="local", num_cpus=2, num_gpus=8, resources={"regress_cpu_slot": 2}, include_dashboard=False,
-             log_to_driver=False,
-             logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
+    # Tried again on a busy machine, as `regress run` starts its own.
+    start_local(lambda: ray.init(address="local", num_cpus=2, num_gpus=8, resources={"regress_cpu_slot": 2},
+                                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                 _node_ip_address="127.0.0.1"))
     yield ray
     ray.shutdown()
 

@@ -38,8 +38,10 @@ import math
 from dataclasses import dataclass
 
 from harness.gate.launches import SpreadEstimate, pooled_spread
-from harness.gate.stats import wilson_interval
+from harness.gate.stats import paired_comparison, wilson_interval
+from harness.gate.verdict import correctness, first_launch
 from harness.records import CellResult, RunInfo, Status
+from harness.results.archive import RunArchive
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,25 @@ class LaunchPair:
     losses: int
     gains: int
     n: int
+
+
+def night_to_night_pairs(archive: RunArchive, measured: list[tuple[RunInfo, list[CellResult]]],
+                         extraction: str) -> list[LaunchPair]:
+    """Each cell judged on answers (not a regression) in two consecutive runs of `measured` (oldest
+    first), its first launches paired."""
+    pairs = []
+    for (before, before_cells), (after, after_cells) in zip(measured, measured[1:], strict=False):
+        earlier = {cell.cell_id: cell for cell in before_cells if cell.status in MEASURED}
+        for cell in after_cells:
+            if cell.status not in MEASURED or cell.cell_id not in earlier:
+                continue
+            paired = paired_comparison(
+                correctness(first_launch(archive.questions(after.run_id, cell.cell_id)), extraction),
+                correctness(first_launch(archive.questions(before.run_id, cell.cell_id)), extraction))
+            if paired is not None:
+                pairs.append(LaunchPair(model=cell.model, runs=(before.run_id, after.run_id), losses=paired.losses,
+                                        gains=paired.gains, n=paired.n))
+    return pairs
 
 
 @dataclass(frozen=True)

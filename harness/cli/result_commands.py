@@ -183,6 +183,7 @@ def calibrate(
     from rich.table import Table
 
     from harness.analysis.calibrate import (
+        night_to_night_pairs,
         pinnable_run,
         propose_divergence,
         propose_floors,
@@ -213,7 +214,7 @@ def calibrate(
                       f"{p.current:.3f}", f"{p.proposed:.3f} ({p.change})")
     console().print(table)
     within = {found.model: found.estimate for found in propose_launch_spread_within(measured)}
-    spreads = propose_launch_spread(_launch_pairs(archive, measured, spec.gate.extraction))
+    spreads = propose_launch_spread(night_to_night_pairs(archive, measured, spec.gate.extraction))
     if spreads or within:
         now = {model.id: model.launch_sd for model in spec.models}
         night = {spread.model: spread for spread in spreads}
@@ -252,24 +253,3 @@ def calibrate(
     else:
         lines.append("# no run in which every cell passed: nothing to pin yet")
     console().print("\n".join(lines), markup=False, highlight=False)
-
-
-def _launch_pairs(archive, measured: list, extraction: str) -> list:
-    """Each cell judged on answers (not a regression) in two consecutive runs of `measured`, paired."""
-    from harness.analysis.calibrate import MEASURED, LaunchPair
-    from harness.gate.stats import paired_comparison
-    from harness.gate.verdict import correctness
-
-    pairs = []
-    for (before, before_cells), (after, after_cells) in zip(measured, measured[1:], strict=False):
-        earlier = {cell.cell_id: cell for cell in before_cells if cell.status in MEASURED}
-        for cell in after_cells:
-            if cell.status not in MEASURED or cell.cell_id not in earlier:
-                continue
-            paired = paired_comparison(correctness(archive.questions(after.run_id, cell.cell_id), extraction),
-                                       correctness(archive.questions(before.run_id, cell.cell_id), extraction))
-            if paired is not None:
-                pairs.append(LaunchPair(model=cell.model, runs=(before.run_id, after.run_id), losses=paired.losses,
-                                        gains=paired.gains, n=paired.n))
-    return pairs
-

@@ -6,9 +6,12 @@ sit a little higher or lower: that whole-launch shift is the *launch spread* (an
 It does not shrink with more questions, only with more launches: a cell judged on k launches against
 a side of m launches carries launch_sd^2 (1/k + 1/m) in its paired drop's variance.
 
-The spread is measured, not assumed. Every cell with two or more launches in a run (each reference's
-second launch, every relaunched cell: harness.run.relaunch) gives a `LaunchSample`: on the questions
-all its launches answered, the sum of squared deviations of the launches' accuracies from their mean
+The spread is measured, not assumed, from launches made whatever their answers: each reference's
+second launch with gate.measure_launch_spread (harness.run.relaunch). A relaunch of an undecided
+cell is no sample: it was made *because* its first launch looked low, and the two launches then
+differ by more than launches do (measured: 0.61 points for a true 0.5 over 20 simulated nightlies,
+benchmarks/gate_calibration.py). A cell's unselected launches give a `LaunchSample`: on the questions
+all of them answered, the sum of squared deviations of the launches' accuracies from their mean
 (`between`, launches - 1 degrees of freedom) and the part the questions' own chance explains
 (`within`: per question, the variance of its answers over the launches, summed over questions and
 divided by n^2; its expectation when launches differ only question by question). Pooled over cells and
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.records import LaunchSample, QuestionRecord
 
@@ -37,21 +40,15 @@ _REMEMBERED: dict[tuple, tuple[list, Answers]] = {}
 @dataclass(frozen=True)
 class Answers:
     """One side of a paired test: per question, the share of its launches that answered it right,
-    and how many launches it has (each adds its own shift: the launch term of the variance)."""
+    and which launches answered it (each launch adds its own shift: the launch term of the variance)."""
 
     right: dict[int, float]
-    launches: int = 1
+    members: dict[int, tuple] = field(default_factory=dict)  # question -> its launches' keys; {}: one launch
 
     @classmethod
     def of(cls, records: list[QuestionRecord], extraction: str) -> Answers:
         """Answered questions only (a transport failure is no answer), grouped over launches."""
-        totals: dict[int, list[float]] = defaultdict(list)
-        launches = set()
-        for record in records:
-            if record.error is None:
-                totals[record.index].append(float(record.correct_strict if extraction == "strict" else record.correct))
-                launches.add(record.launch)
-        return cls({index: sum(values) / len(values) for index, values in totals.items()}, max(len(launches), 1))
+        return cls.pooled([records], extraction)
 
     @classmethod
     def pooled(cls, runs: list[list[QuestionRecord]], extraction: str) -> Answers:
@@ -61,35 +58,52 @@ class Answers:
         kept = _REMEMBERED.get(key)
         if kept is not None and all(a is b for a, b in zip(kept[0], runs, strict=True)):
             return kept[1]
-        answers = cls._pooled(runs, extraction)
+        totals: dict[int, list[float]] = defaultdict(list)
+        members: dict[int, list] = defaultdict(list)
+        for run, records in enumerate(runs):
+            for record in records:
+                if record.error is None:
+                    totals[record.index].append(float(record.correct_strict if extraction == "strict" else record.correct))
+                    members[record.index].append((run, record.launch))
+        answers = cls({index: sum(values) / len(values) for index, values in totals.items()},
+                      {index: tuple(keys) for index, keys in members.items()})
         if len(_REMEMBERED) >= REMEMBERED:
             _REMEMBERED.pop(next(iter(_REMEMBERED)))
         _REMEMBERED[key] = (list(runs), answers)  # the lists are held, so their ids stay theirs
         return answers
 
     @classmethod
-    def _pooled(cls, runs: list[list[QuestionRecord]], extraction: str) -> Answers:
-        if len(runs) == 1:
-            return cls.of(runs[0], extraction)
-        totals: dict[int, list[float]] = defaultdict(list)
-        launches = 0
-        for records in runs:
-            seen = set()
-            for record in records:
-                if record.error is None:
-                    totals[record.index].append(float(record.correct_strict if extraction == "strict" else record.correct))
-                    seen.add(record.launch)
-            launches += len(seen)
-        return cls({index: sum(values) / len(values) for index, values in totals.items()}, max(launches, 1))
-
-    @classmethod
     def binary(cls, right: dict[int, bool]) -> Answers:
-        return cls({index: float(value) for index, value in right.items()}, 1)
+        return cls({index: float(value) for index, value in right.items()})
+
+    @property
+    def launches(self) -> float:
+        """Its effective number of launches over all its questions (`effective_launches`)."""
+        return self.effective_launches(self.right.keys())
+
+    def effective_launches(self, questions) -> float:
+        """How many launches the mean over `questions` averages, as its launch variance sees it:
+        1 / sum_l w_l^2, w_l the share of the mean that launch l's answers make up. k launches on
+        the same questions: k; two launches on two halves of the questions (an extension): 2; one
+        launch on 400 and another on 2,238 questions: 1.34."""
+        if not self.members:
+            return 1.0
+        weights: dict = defaultdict(float)
+        count = 0
+        for question in questions:
+            keys = self.members.get(question, ())
+            for launch in keys:
+                weights[launch] += 1 / len(keys)
+            count += bool(keys)
+        if not count:
+            return 1.0
+        return 1 / sum((weight / count) ** 2 for weight in weights.values())
 
     @property
     def is_binary(self) -> bool:
-        """One launch, every answer right or wrong: the exact paired tests apply."""
-        return self.launches == 1 and all(value in (0.0, 1.0) for value in self.right.values())
+        """Every question answered once, right or wrong: the exact paired tests apply."""
+        return all(value in (0.0, 1.0) for value in self.right.values()) and \
+            all(len(keys) == 1 for keys in self.members.values())
 
 
 def launch_sample(records: list[QuestionRecord], extraction: str) -> LaunchSample | None:

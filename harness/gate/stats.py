@@ -79,7 +79,7 @@ class Paired:
     margin: float  # the null hypothesis: drop <= margin
     p_drop: float  # one-sided: the drop exceeds `margin` (see drop_above_margin_p)
     launch_sd: float = 0.0  # one launch's accuracy spread beyond its questions (harness.gate.launches)
-    launches: tuple[int, int] = (1, 1)  # the cell's, the other side's
+    launches: tuple[float, float] = (1, 1)  # the cell's, the other side's (effective: harness.gate.launches)
     # With a side of several launches: the drop's variance from its questions (the per-question
     # differences' sample variance over n, at least 1/n^2); None: one launch a side (Tango's score).
     sampling_variance: float | None = None
@@ -127,7 +127,7 @@ class Paired:
         return (margin - self.drop) / math.sqrt(max(variance, 1e-300))
 
 
-def launch_variance(launch_sd: float, launches: tuple[int, int] = (1, 1)) -> float:
+def launch_variance(launch_sd: float, launches: tuple[float, float] = (1, 1)) -> float:
     """launch_sd^2 (1/k + 1/m): each side's mean over its launches carries launch_sd^2 / launches."""
     return launch_sd**2 * sum(1 / max(k, 1) for k in launches)
 
@@ -193,7 +193,7 @@ def _span(mean: float, sd: float, n: int):
 
 
 def drop_above_margin_p(losses: float, gains: float, n: int, margin: float, launch_sd: float = 0.0,
-                        launches: tuple[int, int] = (1, 1)) -> float:
+                        launches: tuple[float, float] = (1, 1)) -> float:
     """One-sided p-value for "the paired drop exceeds `margin`" on n pairs.
 
     margin 0: McNemar's exact test (the discordant pairs split 50/50 under no drop). margin > 0:
@@ -233,7 +233,7 @@ def paired_comparison(cell: dict[int, bool] | Answers, reference: dict[int, bool
     gains = -math.fsum(d for d in differences if d < 0)
     cell_accuracy = math.fsum(mine.right[i] for i in shared) / n
     reference_accuracy = math.fsum(other.right[i] for i in shared) / n
-    launches = (mine.launches, other.launches)
+    launches = (mine.effective_launches(shared), other.effective_launches(shared))
     launch_part = launch_variance(launch_sd, launches)
     critical = float(norm.ppf(0.5 + confidence / 2))
     discordant = losses + gains

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from harness.errors import ErrorKind
 from harness.gate.divergence import Divergence, divergence_test
-from harness.gate.launches import Answers, launch_sample
+from harness.gate.launches import Answers
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
@@ -131,7 +131,7 @@ def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, cell_
     reference and the cell's last runs)."""
     null = f"drop > {paired.margin * 100:.3g} pts" if paired.margin else "a drop"
     upper = paired.drop_upper(confidence)
-    sides = "" if paired.launches == (1, 1) else f" ({paired.launches[0]} launch(es) vs {paired.launches[1]})"
+    sides = "" if paired.launches == (1, 1) else f" ({paired.launches[0]:.3g} launch(es) vs {paired.launches[1]:.3g})"
     reason = (f"vs {label} {paired.reference_accuracy:.3f} on {paired.n} shared{sides}: lost {_count(paired.losses)}, "
               f"gained {_count(paired.gains)}, drop {paired.drop * 100:.1f} pts ({confidence:.1%} bound "
               f"{upper * 100:.1f}), p({null})={paired.p_drop:.2g}")
@@ -234,7 +234,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     floor_tested = stage.floor_tested and floor > 0 and bool(test_answers.right)
     tests = floor_tested + len(found) + (diverged is not None)
     alpha = stage.alpha / max(tests, 1)
-    launches = f" over {answers.launches} launches" if answers.launches > 1 else ""
+    count = len({key for keys in answers.members.values() for key in keys})
+    launches = f" over {count} launches" if count > 1 else ""
     reasons = [f"accuracy {share / n:.3f} ({_count(share)}/{n}{launches}, 95% CI {low:.3f}-{high:.3f})"]
     status = Status.PASS
     if outcome.stopped_early:  # a sequential test (floor or divergence) rejected, at its own share of the budget
@@ -263,8 +264,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     return Verdict(status=status, reason="; ".join(reasons), stage=stage.number, accuracy=share / n, n=n,
                    correct=correct, ci_low=low, ci_high=high, floor_p=floor_p, floor_n=len(test_answers.right),
                    floor_correct=round(sum(test_answers.right.values())),
-                   launches=answers.launches, launch_sd=launch_sd if found and launch_sd > 0 else None,
-                   launch_sample=launch_sample(outcome.questions, gate.extraction), decide=decide,
+                   launches=max(count, 1), launch_sd=launch_sd if found and launch_sd > 0 else None,
+                   decide=decide,
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,

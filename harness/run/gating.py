@@ -79,8 +79,12 @@ class Gating:
         self._floor_grew: set[str] = set()  # extended cells whose extension added test questions
         self._unvouched: set[str] = set()  # cells whose reference could not vouch for them
         self._samples: dict[tuple[str, int], LaunchSample | None] = {}  # (cell id, launches) -> its sample
+        # cell id -> its launches made whatever their answers (the first, and a reference's second with
+        # gate.measure_launch_spread): the launch-spread samples (harness.gate.launches)
+        self._unselected: dict[str, set[int]] = {}
         self._extended: set[str] = set()  # cells that answered the extension's questions too
         self._launch_counts: dict[tuple[str, int], int] = {}
+        self._relaunches: dict[str, int] = {}  # cell id -> relaunches on its questions so far
         self._server_s: dict[str, float] = {}  # cell id -> GPU-seconds its servers held (every launch)
         self.extension_plan = None  # the extension's questions, once asked (harness.run.extension)
 
@@ -134,10 +138,9 @@ class Gating:
         if pinned is not None and found is not None and found.run_ids == (pinned[0],):
             pinned = None  # the same run twice is one test, not two
         confidence = pass_confidence_per_stage(self.gate.pass_confidence, self.budget.stages)
-        launches = self._count_launches(cell.cell_id, outcome)
-        # The floor is tested again only on new evidence: test questions the extension added, or another launch.
+        # The floor is tested again only on new evidence: test questions the extension added, or another launch of them.
         judgement = Stage(alpha=self.budget.stage(stage), pass_confidence=confidence, number=stage,
-                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew or launches > 1)
+                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew or self.relaunches(cell.cell_id) > 0)
         problem = self._reference_problem(cell, reference_missing)
         if problem:
             self._unvouched.add(cell.cell_id)
@@ -154,7 +157,8 @@ class Gating:
         result = cell_result(outcome, verdict, cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors,
                              reference_cell=cell.reference_cell, floor=cell.model.floor, fingerprint=self.fingerprint,
                              history_runs=found.run_ids if found else ())
-        result = result.model_copy(update={"predicted": predicted})
+        result = result.model_copy(update={"predicted": predicted,
+                                           "launch_sample": self._sample(cell.cell_id, outcome)})
         earlier = self._results.get(cell.cell_id)
         if not log and earlier is not None:
             result = result.model_copy(update={"log_path": earlier.log_path})
@@ -189,8 +193,12 @@ class Gating:
     def was_extended(self, cell_id: str) -> bool:
         return cell_id in self._extended
 
+    def relaunches(self, cell_id: str) -> int:
+        """How many times the cell was launched again on its questions (the extension is not one)."""
+        return self._relaunches.get(cell_id, 0)
+
     def relaunch_stage(self, launches: int) -> int:
-        """The stage a cell is judged at on `launches` launches: after stage 1 (and the extension)."""
+        """The stage a cell is judged at after its (launches - 1)th relaunch: after stage 1 and the extension."""
         return (2 if self.extends else 1) + launches - 1
 
     # ---- launch spread ---------------------------------------------------------------------------
@@ -201,13 +209,21 @@ class Gating:
             result = self._results.get(cell_id)
             if result is None or result.model != model:
                 continue
-            key = (cell_id, self._count_launches(cell_id, outcome))
-            if key[1] > 1:
-                if key not in self._samples:
-                    self._samples[key] = launch_sample(outcome.questions, self.gate.extraction)
-                if self._samples[key] is not None:
-                    samples.append(self._samples[key])
+            sample = self._sample(cell_id, outcome)
+            if sample is not None:
+                samples.append(sample)
         return pooled_spread(samples)
+
+    def _sample(self, cell_id: str, outcome: CellOutcome) -> LaunchSample | None:
+        """The cell's launch-spread sample: its launches made whatever their answers, if two or more."""
+        launches = self._unselected.get(cell_id, set())
+        key = (cell_id, len(launches))
+        if len(launches) < 2:
+            return None
+        if key not in self._samples:
+            self._samples[key] = launch_sample([r for r in outcome.questions if r.launch in launches],
+                                               self.gate.extraction)
+        return self._samples[key]
 
     def launch_sd(self, model: str, prior: float) -> float:
         """What the paired tests of `model`'s cells add for launch spread (harness.gate.launches)."""
@@ -241,7 +257,10 @@ class Gating:
         """Judge `cell` again on its answers plus `more` (extra questions of the extension)."""
         self.count_server_time(cell, more)
         base = self._answers[cell.cell_id]
-        records = [*base.questions, *more.questions]
+        # The extension ran on a server of its own: its answers are another launch's (on other
+        # questions), and the gate counts them so (harness.gate.launches, effective launches).
+        number = max((r.launch for r in base.questions), default=0) + 1
+        records = [*base.questions, *(r.model_copy(update={"launch": number}) for r in more.questions)]
         self._extended.add(cell.cell_id)
         if any(r.is_test for r in more.questions):
             self._floor_grew.add(cell.cell_id)
@@ -258,12 +277,16 @@ class Gating:
         noted = result.model_copy(update={"reason": f"{result.reason}; {text}"})
         self._results[cell.cell_id] = self.sinks.cell(FinishedCell(noted, outcome.questions if outcome else []))
 
-    def relaunched(self, cell: Cell, launch: CellOutcome) -> None:
+    def relaunched(self, cell: Cell, launch: CellOutcome, measurement: bool = False) -> None:
         """Another launch of `cell` (same questions, another server): its records join the cell's
-        answers as the next launch; `rejudge` then judges the cell on every launch."""
+        answers as the next launch; `rejudge` then judges the cell on every launch. `measurement`:
+        made whatever the cell's answers (a reference's second launch), so a launch-spread sample."""
         self.count_server_time(cell, launch)
+        self._relaunches[cell.cell_id] = self._relaunches.get(cell.cell_id, 0) + 1
         base = self._answers[cell.cell_id]
         number = max((r.launch for r in base.questions), default=0) + 1
+        if measurement:
+            self._unselected.setdefault(cell.cell_id, {min((r.launch for r in base.questions), default=0)}).add(number)
         records = [*base.questions, *(r.model_copy(update={"launch": number}) for r in launch.questions)]
         eval_s = base.score.eval_s + (launch.score.eval_s if launch.score else 0.0)
         self._answers[cell.cell_id] = base.model_copy(update={"questions": records, "score": score(records, eval_s)})

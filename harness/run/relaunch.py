@@ -38,11 +38,12 @@ Schedule = Callable[..., None]  # (cells, plan, on_outcome, label, looks=False):
 def relaunch_plan(cells: dict[str, Cell], gating: Gating, first_pass: bool, measure: bool,
                   budget_left: float) -> tuple[list[Cell], list[Cell], float]:
     """(cells to launch again, undecided cells left out for the budget, budget left after): the
-    undecided cells and their references, every reference on the first pass when `measure`."""
+    undecided cells and their references, every reference on the first pass when `measure` (those
+    are launched whatever the verdicts: launch-spread samples; harness.gate.launches)."""
     undecided = [cell for cell_id, cell in cells.items() if gating.undecided(cell_id)]
 
     def cost(cell: Cell) -> float:
-        return gating.server_seconds(cell.cell_id) / max(gating.launches(cell.cell_id), 1)
+        return gating.server_seconds(cell.cell_id) / (gating.relaunches(cell.cell_id) + 1)
 
     references = {cell.reference_cell for cell in undecided if cell.reference_cell}
     if first_pass and measure:
@@ -67,7 +68,8 @@ def relaunch(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     cells = inputs.matrix.by_id()
     budget_left = gate.relaunch_budget * gating.server_seconds()
     for launch in range(2, gate.max_launches + 1):
-        eligible = {cell_id: cell for cell_id, cell in cells.items() if gating.launches(cell_id) == launch - 1}
+        eligible = {cell_id: cell for cell_id, cell in cells.items()
+                    if gating.answers(cell_id) is not None and gating.relaunches(cell_id) == launch - 2}
         chosen, left_out, budget_left = relaunch_plan(eligible, gating, launch == 2, gate.measure_launch_spread,
                                                       budget_left)
         for cell in left_out:
@@ -89,10 +91,11 @@ def relaunch(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
             whole = replace(inputs.plan, prompts=inputs.plan.prompts + gating.extension_plan.prompts)
             schedule(extended, whole, collect, label + " on the extended questions", looks=False)
         judged = []
+        measuring = launch == 2 and gate.measure_launch_spread
         for cell in chosen:
             outcome = more.get(cell.cell_id)
             if outcome is not None and outcome.score is not None and outcome.error is None and not outcome.mismatches:
-                gating.relaunched(cell, outcome)
+                gating.relaunched(cell, outcome, measurement=measuring and cell.is_reference)
                 judged.append(cell)
             elif gating.undecided(cell.cell_id):
                 gating.note(cell, f"launch {launch} could not be measured: {_why(outcome)}")
@@ -100,6 +103,12 @@ def relaunch(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
         # References first: every cell compared with one is then judged against all its launches.
         for cell in sorted(judged, key=lambda c: not c.is_reference):
             gating.rejudge(cell, note=f"launched {launch} times; ", stage=stage)
+        # An undecided cell left out (the budget) is judged again too when its reference gained a
+        # launch: the reference's own spread was part of what held it open.
+        relaunched = {cell.cell_id for cell in judged}
+        for cell_id, cell in cells.items():
+            if cell_id not in relaunched and cell.reference_cell in relaunched and gating.undecided(cell_id):
+                gating.rejudge(cell, note=f"its reference launched {launch} times; ", stage=stage)
 
 
 def _collector(more: dict[str, CellOutcome]) -> Callable[[Cell, CellOutcome, str, Console], None]:

@@ -18,6 +18,7 @@ from ray.cluster_utils import Cluster
 from typer.testing import CliRunner
 
 from harness.cli import app
+from harness.run.ray.cluster import start_local
 from tests.helpers import INCIDENT_WORLD, ROOT
 
 FAKE_SGLANG = ROOT / "tests" / "fixtures" / "fake_sglang"
@@ -49,10 +50,7 @@ def main(workdir: Path) -> None:
     }
     suite_path = workdir / "suite.yaml"
     suite_path.write_text(yaml.safe_dump(suite))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, num_gpus=4)
-    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+    cluster = start_local(two_nodes)  # tried again on a busy machine, as `regress run` starts its own
     try:
         result = CliRunner().invoke(app, ["run", str(suite_path), "--results-dir", str(workdir / "results"),
                                           "--no-tracking", "--quiet"], catch_exceptions=False)
@@ -66,6 +64,19 @@ def main(workdir: Path) -> None:
         "servers": [json.loads(p.read_text()) for p in record_dir.glob("*.json")],
         "killed_once": (workdir / "killed-once").exists(),
     }))
+
+
+def two_nodes() -> Cluster:
+    """A head and two nodes of 4 declared GPUs, the driver connected; a failed start shuts down what it started."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, num_gpus=4)
+        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,21 +46,86 @@ def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
 
 
 def _connect(address: str | None, gpus: int, cpus: int | None, kwargs: dict[str, Any], resource: str = "GPU") -> None:
-    """ray.init, with any failure to start or reach Ray as one ClusterError (exit 3, not a result)."""
+    """ray.init, with any failure to start or reach Ray as one ClusterError (exit 3, not a result).
+    A local cluster is started with `start_local` (tried again on a busy machine)."""
+    if not address:
+        # The node advertises loopback (workers and actors talk over 127.0.0.1); its ports still
+        # listen on every interface (Ray 2.60), which is why harness.run.ray.auth turns tokens on.
+        slots = {"num_gpus": gpus} if resource == "GPU" else {"num_gpus": 0, "resources": {resource: gpus}}
+        start_local(lambda: ray.init(address="local", num_cpus=cpus, _node_ip_address="127.0.0.1", **slots, **kwargs))
+        return
     try:
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            # The node advertises loopback (workers and actors talk over 127.0.0.1); its ports still
-            # listen on every interface (Ray 2.60), which is why harness.run.ray.auth turns tokens on.
-            slots = {"num_gpus": gpus} if resource == "GPU" else {"num_gpus": 0, "resources": {resource: gpus}}
-            ray.init(address="local", num_cpus=cpus, _node_ip_address="127.0.0.1", **slots, **kwargs)
+        ray.init(address=address, **kwargs)
     except Exception as error:  # noqa: BLE001 - Ray raises bare Exception, RuntimeError, ConnectionError...; none is carried on
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
-        hint = ("is it running, and is RAY_AUTH_MODE=token set if it uses tokens?" if address else
-                "on a busy machine, try again when it is quieter, or start Ray yourself and pass --ray-address")
-        raise ClusterError(f"could not start or reach {where}: {first}; {hint}") from None
+        raise ClusterError(f"could not start or reach the Ray cluster at {address}: {_first_line(error)}; is it "
+                           "running, and is RAY_AUTH_MODE=token set if it uses tokens?") from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def start_attempts(cores: int | None = None, load: float | None = None) -> int:
+    """How many times a local Ray start is tried: Ray 2.60 gives its raylet a fixed 30 s to register
+    (node.py; no setting changes it), which a loaded machine can miss. Two tries on a quiet machine,
+    one more per unit of load per core (the 1-minute load average), at most five."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load is None:
+        load = _load()
+    return max(2, min(5, 2 + int(load / max(cores, 1))))
+
+
+def start_local(start: Callable[[], Any], attempts: int | None = None, cleanup: Callable[[], None] | None = None) -> Any:
+    """Run `start` (a local Ray start: `ray.init(address="local", ...)`, or a test cluster's), trying
+    again while it fails, up to `start_attempts()` times; between tries, Ray is shut down and the
+    processes the failed try left behind (its GCS, raylet and their workers, children of this
+    process) are killed. The last failure becomes one ClusterError (exit 3)."""
+    tries = attempts or start_attempts()
+    began = time.monotonic()
+    for attempt in range(1, tries + 1):
+        before = _descendants(os.getpid())
+        try:
+            return start()
+        except Exception as error:  # noqa: BLE001 - Ray raises bare Exception, RuntimeError...; retried, then one error
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if cleanup is not None:
+                with contextlib.suppress(Exception):
+                    cleanup()
+            _kill(_descendants(os.getpid()) - before)
+            if attempt == tries:
+                raise ClusterError(
+                    f"could not start a local Ray cluster ({tries} tries in {time.monotonic() - began:.0f} s; the "
+                    f"machine's load average {_load():.1f} on {os.cpu_count()} cores): {_first_line(error)}; start "
+                    "Ray yourself (`ray start --head`) and pass --ray-address, or run when the machine is "
+                    "quieter") from None
+            time.sleep(min(2.0 * attempt, 10.0))
+    raise AssertionError("unreachable")
+
+
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process below `root` (read from /proc; empty where there is none)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            parents[int(stat.parent.name)] = int(text[text.rindex(")") + 2:].split()[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _kill(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @ray.remote(num_cpus=0)
