@@ -81,11 +81,9 @@ from harness.records import (  # noqa: E402
 )
 from harness.results.sinks import Sinks  # noqa: E402
 from harness.run.build import RunInputs  # noqa: E402
-from harness.run.extension import extend  # noqa: E402
 from harness.run.gating import Gating  # noqa: E402
 from harness.run.history import History  # noqa: E402
-from harness.run.pipeline import extends, run_budget  # noqa: E402
-from harness.run.relaunch import relaunch  # noqa: E402
+from harness.run.pipeline import decide, extends, run_budget  # noqa: E402
 from harness.suite.config import load_suite  # noqa: E402
 from harness.suite.matrix import Cell, Matrix, expand  # noqa: E402
 
@@ -180,19 +178,19 @@ def _shifted(answers: np.ndarray, shift: float, draws: np.ndarray, accuracy: flo
     return answers
 
 
-RECORDS: dict[tuple[int, bool], QuestionRecord] = {}
+RECORDS: dict[tuple[int, bool, int], QuestionRecord] = {}
 
 
-def record(index: int, correct: bool) -> QuestionRecord:
-    """One answer (shared between cells: records are never changed once made; the gate renumbers
-    launches on copies)."""
-    key = (index, correct)
+def record(index: int, correct: bool, launch: int = 0) -> QuestionRecord:
+    """One answer (shared between cells: records are never changed once made). Numbered with the
+    launch the gate will give it (`Gating.relaunched` numbers a worker's answers; these need no copy)."""
+    key = (index, correct, launch)
     if key not in RECORDS:
         RECORDS[key] = QuestionRecord.model_construct(
             index=index, split="test" if index < EXTENSION_INDEX_OFFSET else "train", prompt_sha="", gold="1",
             pred="1" if correct else "2", pred_strict=None, correct=correct, correct_strict=correct,
             finish_reason="stop", output="", latency_s=0.0, output_tokens=1, attempts=1, error=None, teacher=None,
-            cached_tokens=None, launch=0)
+            cached_tokens=None, launch=launch)
     return RECORDS[key]
 
 
@@ -238,6 +236,7 @@ class Night:
     shifts: dict[str, float]  # cell -> this night's true shift (a drop, a build shift, a drift)
     cost_s: float = 0.0  # GPU-seconds the night's launches took (STARTUP_S, QUESTION_S)
     launches: dict[str, int] = field(default_factory=dict)
+    numbers: dict[str, int] = field(default_factory=dict)  # cell -> the launch number its last answers carry
 
     def play(self, archive: MemoryArchive | None) -> Gating:
         cells = list(self.inputs.matrix.cells)
@@ -248,9 +247,7 @@ class Night:
         history = History.of(archive or MemoryArchive(), "bench", "fp", "tonight", gate.pinned_run, gate.history_runs)
         gating = Gating(gate, budget, "fp", history, Sinks([]), extends=extends(self.inputs))
         self.schedule(cells, self.inputs.plan, lambda cell, outcome, log, console: gating.offer(cell, outcome, log))
-        if gating.extends:
-            extend(self.inputs, gating, self.schedule)
-        relaunch(self.inputs, gating, self.schedule)
+        decide(self.inputs, gating, self.schedule)
         gating.release_waiting()
         return gating
 
@@ -263,7 +260,9 @@ class Night:
                 self.launches[cell.cell_id] = self.launches.get(cell.cell_id, -1) + 1
             launch = self.launches.get(cell.cell_id, 0) + (0 if main else 100)  # the extension: a launch of its own
             answers = self.world.answers(cell, self.number, launch, self.shifts.get(cell.cell_id, 0.0))
-            records = [record(p.index, bool(answers[self.position[p.index]])) for p in plan.prompts]
+            number = self.numbers.get(cell.cell_id, -1) + 1 if (not main or self.launches[cell.cell_id]) else 0
+            self.numbers[cell.cell_id] = number
+            records = [record(p.index, bool(answers[self.position[p.index]]), number) for p in plan.prompts]
             held = launch_s(cell, len(records))
             self.cost_s += cell.gpus * held
             stopped = None
@@ -470,7 +469,7 @@ def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str]
         gate = suite.inputs.loaded.suite.gate
         console.print(f"[bold]{name}[/]: {len(suite.inputs.matrix.cells)} cells, {len(suite.inputs.plan.prompts)} "
                       f"questions (up to {len(suite.questions)}); launch spread {launch_sd * 100:g} pts; "
-                      f"max_launches {gate.max_launches}, relaunch_budget {gate.relaunch_budget:g}, "
+                      f"max_launches {gate.max_launches}, undecided_budget {gate.undecided_budget:g}, "
                       f"history_runs {gate.history_runs}; one planned pass {base:.0f} GPU-s")
         for key in chosen:
             scenario = SCENARIOS[key]

@@ -6,7 +6,9 @@ relaunch). Each gets a fixed share of the cell's part of the run's `alpha`, and 
 them up:
 
     alpha                                   the run's: P(any healthy cell fails) <= alpha
-    └─ alpha / cells                        one cell's
+    ├─ × model_share                        the model-wide tests (harness.gate.model_wide), split
+    │                                       over the models and their two tests (history, pin)
+    └─ × (1 - model_share) / cells          one cell's
        ├─ × early_stop_share                its early-stop looks (split over its sequential tests,
        │                                    floor and divergence, then over their looks)
        └─ × (1 - early_stop_share)          its final tests
@@ -33,6 +35,7 @@ class Budget:
     early_stop_share: float = 0.1
     extension_share: float = 0.0  # 0: no stage after the first
     later_stages: int | None = None  # stages after the first (the extension, relaunches); None: 1 if extension_share
+    model_share: float = 0.0  # kept for the model-wide tests (0: none)
 
     @property
     def stages(self) -> int:
@@ -42,7 +45,11 @@ class Budget:
 
     @property
     def per_cell(self) -> float:
-        return self.alpha / max(self.cells, 1)
+        return self.alpha * (1 - self.model_share) / max(self.cells, 1)
+
+    def model_test(self, models: int) -> float:
+        """For one model-wide test (two per model: against history and against the pinned run)."""
+        return self.alpha * self.model_share / max(2 * models, 1)
 
     @property
     def early_stop(self) -> float:
@@ -67,4 +74,6 @@ class Budget:
                 f"{self.early_stop:.2g}, planned questions {self.stage(1):.2g}")
         if self.stages > 1:
             text += f", each of {self.stages - 1} later stage(s) {self.stage(2):.2g}"
+        if self.model_share:
+            text += f"; model-wide tests {self.alpha * self.model_share:.2g} in all"
         return text

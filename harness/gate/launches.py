@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from harness.records import LaunchSample, QuestionRecord
 
@@ -37,13 +39,19 @@ REMEMBERED = 512  # `Answers.pooled` results kept (oldest dropped first)
 _REMEMBERED: dict[tuple, tuple[list, Answers]] = {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Answers:
     """One side of a paired test: per question, the share of its launches that answered it right,
-    and which launches answered it (each launch adds its own shift: the launch term of the variance)."""
+    and which launches answered it (each launch adds its own shift: the launch term of the variance).
+    Held as arrays: `questions` (sorted question indices), `right` (their shares), and one entry per
+    answer, `answer_question` (its position in `questions`), `answer_value` (1 right, 0 wrong) and
+    `answer_launch` (its launch's number within this side)."""
 
-    right: dict[int, float]
-    members: dict[int, tuple] = field(default_factory=dict)  # question -> its launches' keys; {}: one launch
+    questions: np.ndarray
+    right: np.ndarray
+    answer_question: np.ndarray
+    answer_value: np.ndarray
+    answer_launch: np.ndarray
 
     @classmethod
     def of(cls, records: list[QuestionRecord], extraction: str) -> Answers:
@@ -58,52 +66,74 @@ class Answers:
         kept = _REMEMBERED.get(key)
         if kept is not None and all(a is b for a, b in zip(kept[0], runs, strict=True)):
             return kept[1]
-        totals: dict[int, list[float]] = defaultdict(list)
-        members: dict[int, list] = defaultdict(list)
+        strict = extraction == "strict"
+        index, value, launch = [], [], []
         for run, records in enumerate(runs):
-            for record in records:
-                if record.error is None:
-                    totals[record.index].append(float(record.correct_strict if extraction == "strict" else record.correct))
-                    members[record.index].append((run, record.launch))
-        answers = cls({index: sum(values) / len(values) for index, values in totals.items()},
-                      {index: tuple(keys) for index, keys in members.items()})
+            answered = [r for r in records if r.error is None]
+            index += [r.index for r in answered]
+            value += [r.correct_strict for r in answered] if strict else [r.correct for r in answered]
+            launch += [(run << 20) + r.launch for r in answered]  # a launch is (run, launch) of the pool
+        launch_ids = np.unique(np.array(launch, dtype=np.int64), return_inverse=True)[1]
+        answers = cls.from_arrays(np.array(index, dtype=np.int64), np.array(value, dtype=float), launch_ids)
         if len(_REMEMBERED) >= REMEMBERED:
             _REMEMBERED.pop(next(iter(_REMEMBERED)))
         _REMEMBERED[key] = (list(runs), answers)  # the lists are held, so their ids stay theirs
         return answers
 
     @classmethod
+    def from_arrays(cls, index: np.ndarray, value: np.ndarray, launch: np.ndarray) -> Answers:
+        questions, position = np.unique(index, return_inverse=True)
+        counts = np.bincount(position, minlength=len(questions))
+        right = np.bincount(position, weights=value, minlength=len(questions)) / np.maximum(counts, 1)
+        return cls(questions, right, position, value, launch)
+
+    @classmethod
     def binary(cls, right: dict[int, bool]) -> Answers:
-        return cls({index: float(value) for index, value in right.items()})
+        index = np.array(sorted(right), dtype=np.int64)
+        return cls.from_arrays(index, np.array([float(right[i]) for i in index], dtype=float),
+                               np.zeros(len(index), dtype=np.int64))
+
+    def only(self, keep: np.ndarray) -> Answers:
+        """The same answers on the questions `keep` (a boolean mask over `questions`) holds."""
+        answer_kept = keep[self.answer_question]
+        return Answers.from_arrays(self.questions[self.answer_question[answer_kept]], self.answer_value[answer_kept],
+                                   self.answer_launch[answer_kept])
+
+    @property
+    def n(self) -> int:
+        return len(self.questions)
+
+    @property
+    def total(self) -> float:
+        return float(self.right.sum())
 
     @property
     def launches(self) -> float:
         """Its effective number of launches over all its questions (`effective_launches`)."""
-        return self.effective_launches(self.right.keys())
+        return self.effective_launches(np.ones(self.n, dtype=bool))
 
-    def effective_launches(self, questions) -> float:
-        """How many launches the mean over `questions` averages, as its launch variance sees it:
-        1 / sum_l w_l^2, w_l the share of the mean that launch l's answers make up. k launches on
-        the same questions: k; two launches on two halves of the questions (an extension): 2; one
-        launch on 400 and another on 2,238 questions: 1.34."""
-        if not self.members:
+    @property
+    def launch_count(self) -> int:
+        return int(len(np.unique(self.answer_launch))) if len(self.answer_launch) else 0
+
+    def effective_launches(self, shared: np.ndarray) -> float:
+        """How many launches the mean over the questions `shared` (a boolean mask over `questions`)
+        averages, as its launch variance sees it: 1 / sum_l w_l^2, w_l the share of the mean that
+        launch l's answers make up. k launches on the same questions: k; two launches on two halves
+        of the questions (an extension): 2; one launch on 400 and another on 2,238 questions: 1.34."""
+        count = int(shared.sum())
+        if count == 0 or len(self.answer_launch) == 0:
             return 1.0
-        weights: dict = defaultdict(float)
-        count = 0
-        for question in questions:
-            keys = self.members.get(question, ())
-            for launch in keys:
-                weights[launch] += 1 / len(keys)
-            count += bool(keys)
-        if not count:
-            return 1.0
-        return 1 / sum((weight / count) ** 2 for weight in weights.values())
+        per_question = np.bincount(self.answer_question, minlength=self.n)
+        answer_shared = shared[self.answer_question]
+        weights = np.bincount(self.answer_launch[answer_shared],
+                              weights=1.0 / per_question[self.answer_question[answer_shared]])
+        return float(1.0 / np.sum((weights / count) ** 2))
 
     @property
     def is_binary(self) -> bool:
         """Every question answered once, right or wrong: the exact paired tests apply."""
-        return all(value in (0.0, 1.0) for value in self.right.values()) and \
-            all(len(keys) == 1 for keys in self.members.values())
+        return len(self.answer_question) == self.n and bool(np.all((self.right == 0) | (self.right == 1)))
 
 
 def launch_sample(records: list[QuestionRecord], extraction: str) -> LaunchSample | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from harness.gate.launches import Answers
 
 
@@ -88,6 +90,13 @@ class Paired:
     def launch_variance(self) -> float:
         """What the two sides' launches add to the drop's variance: launch_sd^2 (1/k + 1/m)."""
         return launch_variance(self.launch_sd, self.launches)
+
+    @property
+    def variance(self) -> float:
+        """The drop's variance: its questions' (as observed) and both sides' launches'."""
+        sampling = self.sampling_variance if self.sampling_variance is not None else _drop_sd(
+            self.losses, self.gains, self.n) ** 2
+        return max(sampling, 1 / self.n**2) + self.launch_variance
 
     @property
     def p_change(self) -> float:
@@ -224,16 +233,21 @@ def paired_comparison(cell: dict[int, bool] | Answers, reference: dict[int, bool
 
     mine = cell if isinstance(cell, Answers) else Answers.binary(cell)
     other = reference if isinstance(reference, Answers) else Answers.binary(reference)
-    shared = sorted(mine.right.keys() & other.right.keys())
-    n = len(shared)
+    _, in_mine, in_other = np.intersect1d(mine.questions, other.questions, assume_unique=True, return_indices=True)
+    n = len(in_mine)
     if n == 0:
         return None
-    differences = [other.right[i] - mine.right[i] for i in shared]
-    losses = math.fsum(d for d in differences if d > 0)
-    gains = -math.fsum(d for d in differences if d < 0)
-    cell_accuracy = math.fsum(mine.right[i] for i in shared) / n
-    reference_accuracy = math.fsum(other.right[i] for i in shared) / n
-    launches = (mine.effective_launches(shared), other.effective_launches(shared))
+    mine_right, other_right = mine.right[in_mine], other.right[in_other]
+    differences = other_right - mine_right
+    losses = float(differences[differences > 0].sum())
+    gains = float(-differences[differences < 0].sum())
+    cell_accuracy = float(mine_right.sum()) / n
+    reference_accuracy = float(other_right.sum()) / n
+    mine_shared = np.zeros(mine.n, dtype=bool)
+    mine_shared[in_mine] = True
+    other_shared = np.zeros(other.n, dtype=bool)
+    other_shared[in_other] = True
+    launches = (mine.effective_launches(mine_shared), other.effective_launches(other_shared))
     launch_part = launch_variance(launch_sd, launches)
     critical = float(norm.ppf(0.5 + confidence / 2))
     discordant = losses + gains
@@ -248,8 +262,8 @@ def paired_comparison(cell: dict[int, bool] | Answers, reference: dict[int, bool
     # Several launches on a side: the questions' part of the variance from the per-question
     # differences themselves (at least one question's worth, 1/n^2, so that a deterministic server
     # whose launches all agree on a few questions is not taken for a sure thing).
-    drop = math.fsum(differences) / n
-    spread = math.fsum((d - drop) ** 2 for d in differences) / max(n - 1, 1)
+    drop = float(differences.sum()) / n
+    spread = float(((differences - drop) ** 2).sum()) / max(n - 1, 1)
     sampling = max(spread / n, 1 / n**2)
     sd = math.sqrt(sampling + launch_part)
     return Paired(n=n, agreement=1 - discordant / n, losses=losses, gains=gains, accuracy=cell_accuracy,

@@ -70,6 +70,14 @@ def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, boo
             for r in records if r.error is None}
 
 
+def test_mask(answers: Answers, records: list[QuestionRecord]):
+    """Which of `answers`' questions are test-split questions (the floor's)."""
+    import numpy as np
+
+    test = {r.index for r in records if r.is_test}
+    return np.isin(answers.questions, np.fromiter(test, dtype=np.int64, count=len(test)))
+
+
 def first_launch(records: list[QuestionRecord]) -> list[QuestionRecord]:
     """The records of a cell's first launch (the divergence test pairs one launch with one launch)."""
     first = min((r.launch for r in records), default=0)
@@ -105,7 +113,7 @@ def _floor_part(test_answers: Answers, floor: float, alpha: float, tested: bool)
     population; the floor is the model's accuracy on the protocol's test questions). With several
     launches a question counts by the share of launches that got it right, and the count the exact
     test takes is rounded up (never more rejections than one launch's answers would give)."""
-    n, correct = len(test_answers.right), sum(test_answers.right.values())
+    n, correct = test_answers.n, test_answers.total
     if floor <= 0 or n == 0:
         return _Part(Status.PASS), None
     p = below_floor_p(math.ceil(correct - 1e-9), n, floor)
@@ -222,8 +230,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     if early is not None:
         return early
     answers = Answers.of(outcome.questions, gate.extraction)
-    test_answers = Answers.of([r for r in outcome.questions if r.is_test], gate.extraction)
-    n, share = len(answers.right), sum(answers.right.values())
+    test_answers = answers.only(test_mask(answers, outcome.questions))
+    n, share = answers.n, answers.total
     correct = round(share)
     low, high = wilson_interval(correct, n)
     found = _comparisons(answers, gate, {"reference": reference, HISTORY_LABEL: history,
@@ -231,10 +239,10 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     # Against a reference that cannot vouch (it failed, errored, stopped early), every healthy cell
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
-    floor_tested = stage.floor_tested and floor > 0 and bool(test_answers.right)
+    floor_tested = stage.floor_tested and floor > 0 and test_answers.n > 0
     tests = floor_tested + len(found) + (diverged is not None)
     alpha = stage.alpha / max(tests, 1)
-    count = len({key for keys in answers.members.values() for key in keys})
+    count = answers.launch_count
     launches = f" over {count} launches" if count > 1 else ""
     reasons = [f"accuracy {share / n:.3f} ({_count(share)}/{n}{launches}, 95% CI {low:.3f}-{high:.3f})"]
     status = Status.PASS
@@ -262,8 +270,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                   else next((p.decide for p in parts if p.decide), None))
     history_paired, pinned_paired = found.get(HISTORY_LABEL), found.get(PINNED_LABEL)
     return Verdict(status=status, reason="; ".join(reasons), stage=stage.number, accuracy=share / n, n=n,
-                   correct=correct, ci_low=low, ci_high=high, floor_p=floor_p, floor_n=len(test_answers.right),
-                   floor_correct=round(sum(test_answers.right.values())),
+                   correct=correct, ci_low=low, ci_high=high, floor_p=floor_p, floor_n=test_answers.n,
+                   floor_correct=round(test_answers.total),
                    launches=max(count, 1), launch_sd=launch_sd if found and launch_sd > 0 else None,
                    decide=decide,
                    mcnemar_p=paired.p_drop if paired else None,

@@ -1,7 +1,10 @@
 """Stage 2 of the gate: undecided cells (and their references) are asked more questions up to
 `gate.extend_to` in all (the test questions not asked yet, then train questions, never the shots)
 and judged again on everything they answered, at the budget's stage-2 share (a later cells.jsonl
-line replaces the earlier one for every reader). Early stop does not look at the extension."""
+line replaces the earlier one for every reader). The extension runs on a server launch of its own:
+its answers are another launch's (harness.gate.launches). It spends from gate.undecided_budget
+(with the relaunches after it); a cell it leaves out says so. Early stop does not look at the
+extension."""
 
 from __future__ import annotations
 
@@ -36,13 +39,27 @@ def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
         return
     gating.extension_plan = extra
     extra_total = len(plan.prompts) + len(extra.prompts)
-    wanted = {c.cell_id for c in undecided} | {c.reference_cell for c in undecided if c.reference_cell}
+    # Within gate.undecided_budget: a cell goes with its reference (a reference once for all its cells).
+    wanted: list[str] = []
+    left_out = []
+    for cell in undecided:
+        new = [cell_id for cell_id in (cell.reference_cell, cell.cell_id) if cell_id and cell_id not in wanted]
+        if gating.spend(sum(gating.launch_cost(cells[cell_id], len(extra.prompts)) for cell_id in new)):
+            wanted += new
+        else:
+            left_out.append(cell)
+    for cell in left_out:
+        gating.note(cell, f"not extended: the budget for undecided cells ({inputs.loaded.suite.gate.undecided_budget:.0%} "
+                          "of the first pass's GPU-seconds) was spent")
+    undecided = [cell for cell in undecided if cell.cell_id in wanted]
+    if not undecided:
+        return
     more: dict[str, CellOutcome] = {}
 
     def collect(cell: Cell, outcome: CellOutcome, log: str, _: Console) -> None:
         more[cell.cell_id] = outcome
 
-    schedule([cells[cell_id] for cell_id in sorted(wanted) if gating.answers(cell_id)], extra, collect,
+    schedule([cells[cell_id] for cell_id in sorted(set(wanted)) if gating.answers(cell_id)], extra, collect,
              f"{inputs.loaded.suite.suite}: extending {len(undecided)} undecided cell(s) to {extra_total} questions")
     for cell_id, outcome in more.items():
         if outcome.score is not None and outcome.error is None:

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
-from harness.gate.launches import SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
-from harness.gate.verdict import Stage, judge, pass_confidence_per_stage
-from harness.records import CellOutcome, CellResult, LaunchSample, Status, Throughput, Verdict
+from harness.gate.launches import Answers, SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
+from harness.gate.model_wide import model_wide_test
+from harness.gate.stats import paired_comparison
+from harness.gate.verdict import HISTORY_LABEL, PINNED_LABEL, Stage, judge, pass_confidence_per_stage
+from harness.records import CellOutcome, CellResult, LaunchSample, QuestionRecord, Status, Throughput, Verdict
 from harness.results.sinks import FinishedCell, Sinks
 from harness.run.history import History
 from harness.run.scheduling.durations import held_s
@@ -85,7 +87,10 @@ class Gating:
         self._extended: set[str] = set()  # cells that answered the extension's questions too
         self._launch_counts: dict[tuple[str, int], int] = {}
         self._relaunches: dict[str, int] = {}  # cell id -> relaunches on its questions so far
-        self._server_s: dict[str, float] = {}  # cell id -> GPU-seconds its servers held (every launch)
+        self._prior: dict[str, float] = {}  # model id -> its suite's launch_sd (the prior)
+        self._server_s: dict[str, float] = {}
+        self._first: dict[str, CellOutcome] = {}  # cell id -> its first launch's outcome (timings: what a launch costs)
+        self.budget_left_s: float | None = None  # what deciding undecided cells may still spend (harness.run.relaunch)  # cell id -> GPU-seconds its servers held (every launch)
         self.extension_plan = None  # the extension's questions, once asked (harness.run.extension)
 
     # ---- reading ---------------------------------------------------------------------------------
@@ -118,6 +123,7 @@ class Gating:
     def offer(self, cell: Cell, outcome: CellOutcome, log: str) -> None:
         """A finished cell: judged now, or once its reference is."""
         self.count_server_time(cell, outcome)
+        self._first.setdefault(cell.cell_id, outcome)
         reference = cell.reference_cell
         if reference is not None and reference not in self._results:
             self._waiting.setdefault(reference, []).append(_Waiting(cell, outcome, log))
@@ -144,6 +150,7 @@ class Gating:
         problem = self._reference_problem(cell, reference_missing)
         if problem:
             self._unvouched.add(cell.cell_id)
+        self._prior[cell.model.id] = cell.model.launch_sd
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found.outcomes if found else None,
                         pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
                         self.launch_sd(cell.model.id, cell.model.launch_sd))
@@ -249,6 +256,26 @@ class Gating:
         seconds = held_s(outcome.timings)
         self._server_s[cell.cell_id] = self._server_s.get(cell.cell_id, 0.0) + cell.gpus * (seconds or 0.0)
 
+    def launch_cost(self, cell: Cell, questions: int) -> float:
+        """What one more launch of `cell` on `questions` questions is expected to cost (GPU-seconds):
+        its first launch's start-up, and its evaluation scaled to the questions."""
+        first = self._first.get(cell.cell_id)
+        if first is None:
+            return 0.0
+        asked = max(len(first.questions), 1)
+        timings = first.timings
+        return cell.gpus * (timings.startup_s + timings.eval_s * questions / asked)
+
+    def spend(self, cost: float) -> bool:
+        """Take `cost` GPU-seconds from what deciding undecided cells may add (gate.undecided_budget of
+        the first pass, set at the first call); False, and nothing taken, when it does not fit."""
+        if self.budget_left_s is None:
+            self.budget_left_s = self.gate.undecided_budget * self.server_seconds()
+        if cost > self.budget_left_s + 1e-9:
+            return False
+        self.budget_left_s -= cost
+        return True
+
     def server_seconds(self, cell_id: str | None = None) -> float:
         """GPU-seconds the run's servers held so far: one cell's (all its launches), or every cell's."""
         return self._server_s.get(cell_id, 0.0) if cell_id else sum(self._server_s.values())
@@ -260,13 +287,51 @@ class Gating:
         # The extension ran on a server of its own: its answers are another launch's (on other
         # questions), and the gate counts them so (harness.gate.launches, effective launches).
         number = max((r.launch for r in base.questions), default=0) + 1
-        records = [*base.questions, *(r.model_copy(update={"launch": number}) for r in more.questions)]
+        records = [*base.questions, *(_numbered(r, number) for r in more.questions)]
         self._extended.add(cell.cell_id)
         if any(r.is_test for r in more.questions):
             self._floor_grew.add(cell.cell_id)
         merged = base.model_copy(update={"questions": records,
                                          "score": score(records, base.score.eval_s + more.score.eval_s)})
         self._answers[cell.cell_id] = merged
+
+    def judge_models(self, models: int) -> None:
+        """The model-wide tests (harness.gate.model_wide) over every model's cells that were judged
+        on answers and are not a regression; a rejected one fails those cells."""
+        alpha = self.budget.model_test(models)
+        if alpha <= 0:
+            return
+        by_model: dict[str, list[CellResult]] = {}
+        for result in self._results.values():
+            if result.status in (Status.PASS, Status.INCONCLUSIVE) and result.cell_id in self._answers:
+                by_model.setdefault(result.model, []).append(result)
+        for model, results in sorted(by_model.items()):
+            launch_sd = self.launch_sd(model, self._prior.get(model, 0.0))
+            found = {HISTORY_LABEL: [], PINNED_LABEL: []}
+            for result in results:
+                answers = Answers.of(self._answers[result.cell_id].questions, self.gate.extraction)
+                baseline = self.history.baseline(result.cell_id)
+                pinned = self.history.pinned(result.cell_id)
+                for label, runs in ((HISTORY_LABEL, baseline.outcomes if baseline else ()),
+                                    (PINNED_LABEL, (pinned[1],) if pinned else ())):
+                    if runs:
+                        paired = paired_comparison(answers, Answers.pooled([r.questions for r in runs],
+                                                                           self.gate.extraction),
+                                                   self.gate.own_margin, launch_sd=launch_sd)
+                        if paired is not None:
+                            found[label].append(paired)
+            for label, drops in found.items():
+                test = model_wide_test(model, label, drops, self.gate.own_margin, alpha)
+                if test is not None and test.rejected:
+                    for result in results:
+                        self._fail_model_cell(result, test.describe())
+                    break
+
+    def _fail_model_cell(self, result: CellResult, reason: str) -> None:
+        outcome = self._answers.get(result.cell_id)
+        failed = result.model_copy(update={"status": Status.FAIL, "reason": f"{reason}; {result.reason}",
+                                           "decide": None, "stage": self.budget.stages + 1})
+        self._results[result.cell_id] = self.sinks.cell(FinishedCell(failed, outcome.questions if outcome else []))
 
     def note(self, cell: Cell, text: str) -> None:
         """Add `text` to a judged cell's reason (its verdict unchanged): why it stays as it is."""
@@ -287,7 +352,7 @@ class Gating:
         number = max((r.launch for r in base.questions), default=0) + 1
         if measurement:
             self._unselected.setdefault(cell.cell_id, {min((r.launch for r in base.questions), default=0)}).add(number)
-        records = [*base.questions, *(r.model_copy(update={"launch": number}) for r in launch.questions)]
+        records = [*base.questions, *(_numbered(r, number) for r in launch.questions)]
         eval_s = base.score.eval_s + (launch.score.eval_s if launch.score else 0.0)
         self._answers[cell.cell_id] = base.model_copy(update={"questions": records, "score": score(records, eval_s)})
 
@@ -313,3 +378,8 @@ class Gating:
                 result = CellResult(cell_id=cell.cell_id, model=cell.model.id, factors=cell.factors, args=[],
                                     resolved={}, status=Status.SKIPPED, reason=cell.reason)
                 self._results[cell.cell_id] = self.sinks.cell(FinishedCell(result))
+
+
+def _numbered(record: QuestionRecord, launch: int) -> QuestionRecord:
+    """`record` as an answer of launch `launch` (a worker numbers every answer 0: it knows one launch)."""
+    return record if record.launch == launch else record.model_copy(update={"launch": launch})

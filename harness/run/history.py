@@ -54,6 +54,7 @@ class History:
         self.pool = max(pool, 1)  # gate.history_runs: passing runs a baseline pools
         self._cells: dict[str, dict[str, CellResult]] = {}
         self._baselines: dict[str, Baseline | None] = {}  # earlier runs do not change while this one runs
+        self._outcomes: dict[tuple[str, str], CellOutcome | None] = {}
 
     @classmethod
     def of(cls, archive: RunArchive, suite: str, fingerprint: str, current_run_id: str,
@@ -115,7 +116,10 @@ class History:
         result = self._results(run).get(cell_id)
         if result is None or result.status not in statuses:
             return None
-        outcome = answers_outcome(cell_id, self.archive.questions(run.run_id, cell_id))
+        key = (run.run_id, cell_id)
+        if key not in self._outcomes:
+            self._outcomes[key] = answers_outcome(cell_id, self.archive.questions(run.run_id, cell_id))
+        outcome = self._outcomes[key]
         return (run.run_id, outcome) if outcome is not None else None
 
 

@@ -151,7 +151,16 @@ def run_budget(inputs: RunInputs) -> Budget:
     gate = inputs.loaded.suite.gate
     later = int(extends(inputs)) + gate.max_launches - 1
     return Budget(gate.alpha, len(inputs.matrix.cells), gate.early_stop_share,
-                  gate.extension_share if later else 0.0, later_stages=later)
+                  gate.extension_share if later else 0.0, later_stages=later, model_share=gate.model_wide_share)
+
+
+def decide(inputs: RunInputs, gating: Gating, schedule: Any) -> None:
+    """After the first pass: extend undecided cells, launch them again (both within
+    gate.undecided_budget), then test each model's cells together (harness.gate.model_wide)."""
+    if gating.extends:
+        extend(inputs, gating, schedule)
+    relaunch(inputs, gating, schedule)
+    gating.judge_models(len({cell.model.id for cell in inputs.matrix.cells}))
 
 
 def failed_first(cells: list[Cell], history: History, enabled: bool) -> set[str]:
@@ -258,9 +267,7 @@ def run_suite(inputs: RunInputs, options: RunOptions, console: Console,
                                                mismatches=planned[cell.cell_id]), "")
         try:
             schedule.run([c for c in inputs.matrix.cells if c.cell_id not in gating.results() and c.cell_id not in planned])
-            if gating.extends:
-                extend(inputs, gating, schedule.run)
-            relaunch(inputs, gating, schedule.run)
+            decide(inputs, gating, schedule.run)
         except (KeyboardInterrupt, Interrupted):
             interrupted = True
         except _FailFast:

@@ -9,10 +9,10 @@ relaunched cells are judged again on all their launches, at the next stage of th
 (harness.gate.budget). With `gate.measure_launch_spread`, the first pass launches every reference a
 second time whatever the verdicts: each run then measures launch spread on its own.
 
-The passes may add at most `gate.relaunch_budget` times the GPU-seconds the run's servers held
-before them (the first pass and the extension; each launch's GPUs x the seconds its server held
-them). A relaunch is expected to cost what the cell's launches cost on average so far. References
-go first (every comparison with them gains), then undecided cells in matrix order. A cell left over
+The passes spend what the extension left of `gate.undecided_budget` (a share of the GPU-seconds
+of the run's first pass: each launch's GPUs x the seconds its server held them). A relaunch is
+expected to cost the cell's first launch on its questions (`Gating.launch_cost`). References go
+first (every comparison with them gains), then undecided cells in matrix order. A cell left over
 stays `inconclusive` with the reason, and `regress assess` names it. Early stop does not look at
 relaunches (its share of the budget was spent on the first launch).
 """
@@ -36,14 +36,12 @@ Schedule = Callable[..., None]  # (cells, plan, on_outcome, label, looks=False):
 
 
 def relaunch_plan(cells: dict[str, Cell], gating: Gating, first_pass: bool, measure: bool,
-                  budget_left: float) -> tuple[list[Cell], list[Cell], float]:
-    """(cells to launch again, undecided cells left out for the budget, budget left after): the
-    undecided cells and their references, every reference on the first pass when `measure` (those
-    are launched whatever the verdicts: launch-spread samples; harness.gate.launches)."""
+                  questions: Callable[[Cell], int]) -> tuple[list[Cell], list[Cell]]:
+    """(cells to launch again, undecided cells left out for the budget): the undecided cells and
+    their references, every reference on the first pass when `measure` (those are launched whatever
+    the verdicts: launch-spread samples; harness.gate.launches). `questions`: what a cell's
+    relaunch asks."""
     undecided = [cell for cell_id, cell in cells.items() if gating.undecided(cell_id)]
-
-    def cost(cell: Cell) -> float:
-        return gating.server_seconds(cell.cell_id) / (gating.relaunches(cell.cell_id) + 1)
 
     references = {cell.reference_cell for cell in undecided if cell.reference_cell}
     if first_pass and measure:
@@ -52,12 +50,11 @@ def relaunch_plan(cells: dict[str, Cell], gating: Gating, first_pass: bool, meas
     wanted += [cell for cell in undecided if cell.cell_id not in references]
     chosen, left_out = [], []
     for cell in wanted:
-        if cost(cell) <= budget_left + 1e-9:
+        if gating.spend(gating.launch_cost(cell, questions(cell))):
             chosen.append(cell)
-            budget_left -= cost(cell)
         elif gating.undecided(cell.cell_id):
             left_out.append(cell)
-    return chosen, left_out, budget_left
+    return chosen, left_out
 
 
 def relaunch(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
@@ -66,15 +63,18 @@ def relaunch(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     if gate.max_launches < 2:
         return
     cells = inputs.matrix.by_id()
-    budget_left = gate.relaunch_budget * gating.server_seconds()
+    extension = len(gating.extension_plan.prompts) if gating.extension_plan is not None else 0
+
+    def questions(cell: Cell) -> int:
+        return len(inputs.plan.prompts) + (extension if gating.was_extended(cell.cell_id) else 0)
+
     for launch in range(2, gate.max_launches + 1):
         eligible = {cell_id: cell for cell_id, cell in cells.items()
                     if gating.answers(cell_id) is not None and gating.relaunches(cell_id) == launch - 2}
-        chosen, left_out, budget_left = relaunch_plan(eligible, gating, launch == 2, gate.measure_launch_spread,
-                                                      budget_left)
+        chosen, left_out = relaunch_plan(eligible, gating, launch == 2, gate.measure_launch_spread, questions)
         for cell in left_out:
-            gating.note(cell, f"not launched again: the relaunch budget ({gate.relaunch_budget:.0%} of the run's "
-                              "server time before the relaunches) was spent")
+            gating.note(cell, f"not launched again: the budget for undecided cells ({gate.undecided_budget:.0%} of "
+                              "the first pass's GPU-seconds) was spent")
         if not chosen:
             return
         more: dict[str, CellOutcome] = {}

@@ -134,14 +134,19 @@ class GateSpec(Strict):
     # the extension) is launched again, on other GPUs where there are, up to this many launches in
     # all, its reference once more beside it, and judged on every launch (harness.run.relaunch). 1: never.
     max_launches: Annotated[int, Field(ge=1, le=8)] = 1
-    # Relaunches may add at most this share to the run's server time so far (GPU-seconds): a healthy
-    # night costs at most 1 + this. Cells left over stay `inconclusive`, and the headline says so.
-    relaunch_budget: Annotated[float, Field(ge=0.0, le=4.0)] = 0.3
+    # Deciding undecided cells (the extension and the relaunches together) may add at most this share
+    # to the GPU-seconds of the run's first pass: a night costs at most 1 + this. Cells left over
+    # stay `inconclusive`, and the headline names them.
+    undecided_budget: Annotated[float, Field(ge=0.0, le=8.0)] = 0.3
     # Launch every reference a second time in each run, undecided cells or not: the night's own
     # measurement of launch spread (harness.gate.launches), and a reference twice as steady.
     measure_launch_spread: bool = False
-    # The history test pools the cell's answers in its newest earlier runs where it passed, up to this many.
+    # The history test pools the cell's answers in its newest earlier runs that were not a
+    # regression, up to this many.
     history_runs: Annotated[int, Field(ge=1, le=30)] = 5
+    # The share of alpha kept for the model-wide tests (every cell of a model against its history
+    # and the pinned run, together: harness.gate.model_wide); 0 turns them off.
+    model_wide_share: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     # A run of this suite every cell is also paired with (besides its last run), so a slow drift
     # of a point a night cannot pass unseen. `auto`: the first finished run of this protocol that
     # was not red (no fail or mismatch; the job says which); a run id: that run (`regress calibrate
