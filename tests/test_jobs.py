@@ -32,7 +32,7 @@ def test_errors_on_a_reference_or_above_the_share_make_a_broken_run():
     assert assess(all_down).exit_code == 4 and assess(all_down).headline.startswith("BROKEN RUN: 5 of 5")
     red = [*ok[:-1], result("c19", Status.FAIL), result("c20", Status.INCONCLUSIVE)]
     verdict = assess(red)
-    assert verdict.exit_code == 1 and "c19" in verdict.headline and "1 inconclusive" in verdict.headline
+    assert verdict.exit_code == 1 and "c19" in verdict.headline and "1 undecided after 1 launch(es)" in verdict.headline
 
 
 def test_inconclusive_cells_make_an_undecided_headline_that_names_them_and_what_would_decide_each():
