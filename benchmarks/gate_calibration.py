@@ -469,7 +469,7 @@ def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str]
         gate = suite.inputs.loaded.suite.gate
         console.print(f"[bold]{name}[/]: {len(suite.inputs.matrix.cells)} cells, {len(suite.inputs.plan.prompts)} "
                       f"questions (up to {len(suite.questions)}); launch spread {launch_sd * 100:g} pts; "
-                      f"max_launches {gate.max_launches}, undecided_budget {gate.undecided_budget:g}, "
+                      f"max_launches {gate.max_launches}, undecided_budget {gate.undecided_budget}, "
                       f"history_runs {gate.history_runs}; one planned pass {base:.0f} GPU-s")
         for key in chosen:
             scenario = SCENARIOS[key]

@@ -143,7 +143,8 @@ def test_a_local_ray_that_cannot_start_is_one_line_and_not_a_regression(monkeypa
     monkeypatch.setattr(ray, "init", timed_out)
     result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--no-tracking"])
     assert result.exit_code == 3
-    assert "could not start or reach a local Ray cluster: The current node timed out during startup" in result.output
+    assert "could not start a local Ray cluster (" in result.output and "tries in" in result.output
+    assert "The current node timed out during startup" in result.output
     assert "Traceback" not in result.output and "77 more lines" not in result.output
 
 

@@ -70,8 +70,13 @@ def test_workflows_validate_against_the_github_schema(tmp_path):
 def test_pr_workflow_never_checks_out_pr_code():
     workflow = yaml.safe_load((ROOT / "jobs" / "github" / "pr.yml").read_text())
     assert "pull_request_target" in workflow[True] and workflow["permissions"] == {
-        "contents": "read", "pull-requests": "write"}
+        "contents": "read", "pull-requests": "write", "checks": "write"}
     steps = workflow["jobs"]["matrix"]["steps"]
+    # An UNDECIDED matrix (exit 3) is a neutral check on the labelled commit, never a plain success.
+    run = next(step for step in steps if step.get("id") == "matrix")["run"]
+    assert 'if [ "$code" -eq 3 ]; then exit 0; fi' in run
+    neutral = next(step for step in steps if step.get("if") == "steps.matrix.outputs.code == '3'")["run"]
+    assert "conclusion=neutral" in neutral and "::warning" in neutral
     for step in steps:
         assert "head.sha" not in str(step.get("with", {})) and "head.ref" not in str(step.get("with", {}))
     assert "run-accuracy-matrix" in workflow["jobs"]["matrix"]["if"]

@@ -269,6 +269,8 @@ class Gating:
     def spend(self, cost: float) -> bool:
         """Take `cost` GPU-seconds from what deciding undecided cells may add (gate.undecided_budget of
         the first pass, set at the first call); False, and nothing taken, when it does not fit."""
+        if self.gate.undecided_budget is None:
+            return True
         if self.budget_left_s is None:
             self.budget_left_s = self.gate.undecided_budget * self.server_seconds()
         if cost > self.budget_left_s + 1e-9:

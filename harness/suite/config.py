@@ -136,8 +136,8 @@ class GateSpec(Strict):
     max_launches: Annotated[int, Field(ge=1, le=8)] = 1
     # Deciding undecided cells (the extension and the relaunches together) may add at most this share
     # to the GPU-seconds of the run's first pass: a night costs at most 1 + this. Cells left over
-    # stay `inconclusive`, and the headline names them.
-    undecided_budget: Annotated[float, Field(ge=0.0, le=8.0)] = 0.3
+    # stay `inconclusive`, and the headline names them. null: no limit.
+    undecided_budget: Annotated[float, Field(ge=0.0, le=8.0)] | None = None
     # Launch every reference a second time in each run, undecided cells or not: the night's own
     # measurement of launch spread (harness.gate.launches), and a reference twice as steady.
     measure_launch_spread: bool = False
