@@ -405,3 +405,31 @@ baseline: {{attention_backend: triton, unified_memory: off, radix_cache: on}}
     assert broken.n < 200 and broken.accuracy > 0.8  # its answers were as good as ever
     assert cells["kimi-linear.ab-triton.um-off.rc-on"].status.value == "pass"
     assert result.exit_code == 1, result.output
+
+
+def test_references_are_launched_a_second_time_and_measure_launch_spread_through_regress_run(ray_local, tmp_path):
+    """gate.measure_launch_spread: after the first pass each reference runs on a server of its own
+    again; its answers carry their launch, the cell line says 2 launches and holds the run's
+    launch-spread sample, and early stop does not look at the second launch."""
+    import yaml
+
+    suite = {"suite": "twice", "engine": "sim", "sim_world": str(INCIDENT_WORLD), "num_questions": 40,
+             "concurrency": 16, "stop_grace_s": 1, "gate": {"max_launches": 2, "measure_launch_spread": True},
+             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
+             "axes": {"attention_backend": ["triton", "fa3"]}}
+    (tmp_path / "twice.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = invoke("run", str(tmp_path / "twice.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking",
+                    "--quiet")
+    run_dir = only_run(tmp_path / "results")
+    final = {c.cell_id: c for c in (CellResult.model_validate_json(line)
+                                    for line in (run_dir / "cells.jsonl").read_text().splitlines())}
+    reference = final["dsv2.ab-triton"]
+    assert reference.launches == 2 and reference.stage == 2 and "launched 2 times" in reference.reason
+    assert reference.launch_sample is not None and reference.launch_sample.df == 1 and reference.launch_sample.n == 40
+    launches = [json.loads(q)["launch"] for q in (run_dir / "questions" / "dsv2.ab-triton.jsonl").read_text().splitlines()]
+    assert sorted(set(launches)) == [0, 1] and launches.count(1) == 40
+    # 40 questions cannot bound a drop under 3 points: the cell was undecided and launched again
+    # too, but a relaunch made because a cell looked undecided is no launch-spread sample.
+    cell = final["dsv2.ab-fa3"]
+    assert cell.launches == 2 and cell.launch_sample is None and cell.status.value == "inconclusive"
+    assert cell.decide and result.exit_code == 3, result.output

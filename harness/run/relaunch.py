@@ -68,15 +68,14 @@ def relaunch(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     def questions(cell: Cell) -> int:
         return len(inputs.plan.prompts) + (extension if gating.was_extended(cell.cell_id) else 0)
 
+    unlaunched: dict[str, Cell] = {}  # undecided cells the budget left out
     for launch in range(2, gate.max_launches + 1):
         eligible = {cell_id: cell for cell_id, cell in cells.items()
                     if gating.answers(cell_id) is not None and gating.relaunches(cell_id) == launch - 2}
         chosen, left_out = relaunch_plan(eligible, gating, launch == 2, gate.measure_launch_spread, questions)
-        for cell in left_out:
-            gating.note(cell, f"not launched again: the budget for undecided cells ({gate.undecided_budget:.0%} of "
-                              "the first pass's GPU-seconds) was spent")
+        unlaunched.update((cell.cell_id, cell) for cell in left_out)
         if not chosen:
-            return
+            break
         more: dict[str, CellOutcome] = {}
         collect = _collector(more)
         undecided = sum(gating.undecided(cell.cell_id) for cell in chosen)
@@ -109,6 +108,10 @@ def relaunch(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
         for cell_id, cell in cells.items():
             if cell_id not in relaunched and cell.reference_cell in relaunched and gating.undecided(cell_id):
                 gating.rejudge(cell, note=f"its reference launched {launch} times; ", stage=stage)
+    for cell_id, cell in unlaunched.items():
+        if gating.undecided(cell_id):
+            gating.note(cell, f"not launched again: the budget for undecided cells ({gate.undecided_budget:.0%} of "
+                              "the first pass's GPU-seconds) was spent")
 
 
 def _collector(more: dict[str, CellOutcome]) -> Callable[[Cell, CellOutcome, str, Console], None]:

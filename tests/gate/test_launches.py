@@ -1,0 +1,89 @@
+"""Launches as evidence: each side's launches in the paired tests, and launch spread measured from
+launches made whatever their answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.gate.launches import MIN_DF, Answers, launch_sample, pooled_spread, spread_for_gate
+from harness.gate.stats import paired_comparison
+from tests.records import answers
+
+
+def launched(pattern: list[bool], launch: int, start: int = 0):
+    return answers(pattern, start=start, launch=launch)
+
+
+def test_effective_launches_count_what_the_mean_averages():
+    same = Answers.of([*launched([True] * 10, 0), *launched([False] * 10, 1), *launched([True] * 10, 2)], "flexible")
+    assert same.launches == pytest.approx(3.0) and same.right.tolist() == pytest.approx([2 / 3] * 10)
+    halves = Answers.of([*launched([True] * 10, 0), *launched([True] * 10, 1, start=10)], "flexible")
+    assert halves.launches == pytest.approx(2.0) and halves.is_binary  # each question answered once
+    uneven = Answers.of([*launched([True] * 400, 0), *launched([True] * 2238, 1, start=400)], "flexible")
+    assert uneven.launches == pytest.approx(1 / ((400 / 2638) ** 2 + (2238 / 2638) ** 2))  # 1.34
+    assert not same.is_binary
+    pooled = Answers.pooled([launched([True] * 10, 0), launched([True] * 10, 0)], "flexible")
+    assert pooled.launches == pytest.approx(2.0)  # two runs' first launches are two launches
+
+
+def test_more_launches_on_a_side_narrow_the_drops_bound():
+    """With a launch spread of half a point, one launch against one carries 0.71 points of it into
+    the drop; three against three, 0.41."""
+    rng = np.random.default_rng(0)
+    truth = rng.random(2638) < 0.9
+
+    def side(launches: int) -> Answers:
+        records = []
+        for launch in range(launches):
+            redraw = rng.random(2638) < 0.15
+            right = np.where(redraw, rng.random(2638) < 0.9, truth)
+            records += launched([bool(v) for v in right], launch)
+        return Answers.of(records, "flexible")
+
+    single = paired_comparison(side(1), side(1), 0.015, launch_sd=0.005)
+    triple = paired_comparison(side(3), side(3), 0.015, launch_sd=0.005)
+    assert single.launch_variance == pytest.approx(2 * 0.005**2)
+    assert triple.launch_variance == pytest.approx(2 * 0.005**2 / 3)
+    assert triple.drop_upper(0.975) - triple.drop < single.drop_upper(0.975) - single.drop
+
+
+def test_a_deterministic_server_that_agrees_with_itself_is_not_a_sure_thing_on_few_questions():
+    """Sides of several launches lose the exact tests; the questions' variance is then held at one
+    question's worth at least, so 20 identical answers do not bound a drop under 3 points."""
+    mine = Answers.of([*launched([True] * 20, 0), *launched([True] * 20, 1)], "flexible")
+    theirs = Answers.of([*launched([True] * 20, 0), *launched([True] * 20, 1)], "flexible")
+    paired = paired_comparison(mine, theirs, 0.015)
+    assert paired.drop == 0 and paired.drop_upper(0.975) > 0.03
+
+
+def planted(spread: float, cells: int, launches: int, seed: int = 0) -> list:
+    """Launch samples of cells whose launches move by N(0, spread) on 2,638 questions (15% of
+    answers redrawn per launch)."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(cells):
+        p = rng.beta(0.9, 0.1, 2638)
+        typical = rng.random(2638) < p
+        records = []
+        for launch in range(launches):
+            right = np.where(rng.random(2638) < 0.15, rng.random(2638) < p, typical)
+            shift = rng.normal(0, spread)
+            draws = rng.random(2638)
+            right = right & ~(draws < -shift / 0.9) if shift < 0 else right | (draws < shift / 0.1)
+            records += launched([bool(v) for v in right], launch)
+        samples.append(launch_sample(records, "flexible"))
+    return samples
+
+
+def test_launch_spread_is_measured_from_launch_samples_and_replaces_the_prior_once_it_rests_on_enough():
+    estimate = pooled_spread(planted(0.005, cells=40, launches=2))
+    assert estimate.df == 40 and abs(estimate.sd - 0.005) < 0.0015
+    assert estimate.low < 0.005 < estimate.high
+    quiet = pooled_spread(planted(0.0, cells=40, launches=2))
+    assert quiet.sd < 0.0015  # the questions' own redraws are not taken for spread
+    assert launch_sample(launched([True] * 5, 0), "flexible") is None  # one launch: no sample
+    few = pooled_spread(planted(0.005, cells=2, launches=2, seed=1))
+    assert few.df < MIN_DF and spread_for_gate(0.009, few) == 0.009  # the prior, while it is the larger
+    assert spread_for_gate(0.009, estimate) == estimate.sd
+    assert spread_for_gate(0.004, None) == 0.004
