@@ -43,6 +43,7 @@ returned last: `--only early-stop`.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import sys
@@ -391,13 +392,13 @@ def trial(suite: Suite, scenario: Scenario, seed: int, launch_sd: float) -> Outc
     if scenario.drift:
         archive, caught = MemoryArchive(), None
         drifting = mine if scenario.drift_model_wide else [target]
-        for number in range(10):
+        for number in range(7):  # nights 0 (the pin) to 6
             night = Night(inputs, world, number, {c: -scenario.drift * number for c in drifting})
             gating = night.play(archive)
             if caught is None and any(s.is_regression for s in statuses(gating).values()):
                 caught = number
             archive.remember(number, gating)
-        outcome.events.update({f"red by night {n}": caught is not None and caught <= n for n in (4, 5, 6, 8, 9)})
+        outcome.events.update({f"red by night {n}": caught is not None and caught <= n for n in (4, 5, 6)})
         return outcome
     shifts = {c: scenario.shift for c in mine} if scenario.shift else {}
     if scenario.dropped:
@@ -462,39 +463,69 @@ def today_cost(suite: Suite) -> float:
 
 
 def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str], launch_sd: float,
-              overrides: dict, console: Console) -> None:
+              overrides: dict, console: Console, shard: tuple[int, int] = (0, 1), save: Path | None = None) -> None:
+    """Play the chosen scenarios; `shard` (i, n): only the trials whose number is i modulo n (run n
+    processes, then `--merge` their `--save` files); `save`: the raw events and figures as JSON."""
+    raw: dict = {"launch_sd": launch_sd, "suites": {}}
     for name in suites:
         suite = Suite.load(name, data, overrides)
         base = today_cost(suite)
         gate = suite.inputs.loaded.suite.gate
-        console.print(f"[bold]{name}[/]: {len(suite.inputs.matrix.cells)} cells, {len(suite.inputs.plan.prompts)} "
-                      f"questions (up to {len(suite.questions)}); launch spread {launch_sd * 100:g} pts; "
-                      f"max_launches {gate.max_launches}, undecided_budget {gate.undecided_budget}, "
-                      f"history_runs {gate.history_runs}; one planned pass {base:.0f} GPU-s")
+        heading = (f"{name}: {len(suite.inputs.matrix.cells)} cells, {len(suite.inputs.plan.prompts)} questions (up to "
+                   f"{len(suite.questions)}); launch spread {launch_sd * 100:g} pts; max_launches {gate.max_launches}, "
+                   f"undecided_budget {gate.undecided_budget}, history_runs {gate.history_runs}; one planned pass "
+                   f"{base:.0f} GPU-s")
+        found_suite = raw["suites"][name] = {"heading": heading, "base": base, "scenarios": {}}
+        console.print(f"[bold]{heading}[/]")
         for key in chosen:
             scenario = SCENARIOS[key]
             count = max(1, trials[name] // FEWER.get(key, 1))
-            events: dict[str, int] = {}
+            events: dict[str, list[bool]] = {}
             figures: dict[str, list[float]] = {}
-            for number in range(count):
+            for number in range(shard[0], count, shard[1]):
                 seed = number * 7919 + zlib.crc32(key.encode()) % 1000
                 found = trial(suite, scenario, seed, launch_sd)
                 for event, happened in found.events.items():
-                    events[event] = events.get(event, 0) + happened
+                    events.setdefault(event, []).append(bool(happened))
                 for figure, value in found.figures.items():
                     figures.setdefault(figure, []).append(value)
-            parts = [f"{event} {interval(n, count)}" for event, n in events.items()]
-            for figure, values in figures.items():
-                values = np.array(values)
-                if figure.startswith("GPU-s"):
-                    parts.append(f"{figure} mean {values.mean() / base:.3f} x one pass (max {values.max() / base:.2f})")
-                else:
-                    within = np.mean(np.abs(values / launch_sd - 1) <= 0.25) if launch_sd else float("nan")
-                    bias = values.mean() / launch_sd - 1 if launch_sd else float("nan")
-                    parts.append(f"{figure} median {np.median(values) * 100:.2f} pts, 5-95% "
-                                 f"{np.quantile(values, 0.05) * 100:.2f}-{np.quantile(values, 0.95) * 100:.2f}, "
-                                 f"mean {bias:+.0%} off the truth, within 25% of it in {within:.0%}")
-            console.print(f"  {key}: " + "; ".join(parts), soft_wrap=True)
+            found_suite["scenarios"][key] = {"events": events, "figures": figures}
+            console.print(f"  {key}: " + describe(events, figures, base, launch_sd), soft_wrap=True)
+    if save is not None:
+        save.write_text(json.dumps(raw))
+
+
+def describe(events: dict[str, list[bool]], figures: dict[str, list[float]], base: float, launch_sd: float) -> str:
+    parts = [f"{event} {interval(sum(happened), len(happened))}" for event, happened in events.items()]
+    for figure, values in figures.items():
+        values = np.array(values)
+        if figure.startswith("GPU-s"):
+            parts.append(f"{figure} mean {values.mean() / base:.3f} x one pass (max {values.max() / base:.2f})")
+        else:
+            within = np.mean(np.abs(values / launch_sd - 1) <= 0.25) if launch_sd else float("nan")
+            bias = values.mean() / launch_sd - 1 if launch_sd else float("nan")
+            parts.append(f"{figure} median {np.median(values) * 100:.2f} pts, 5-95% "
+                         f"{np.quantile(values, 0.05) * 100:.2f}-{np.quantile(values, 0.95) * 100:.2f}, "
+                         f"mean {bias:+.0%} off the truth, within 25% of it in {within:.0%}")
+    return "; ".join(parts)
+
+
+def merge(files: list[Path], console: Console) -> None:
+    """The rows of several `--save` files of one configuration (shards), as one run would print them."""
+    loaded = [json.loads(path.read_text()) for path in files]
+    launch_sd = loaded[0]["launch_sd"]
+    for name, first in loaded[0]["suites"].items():
+        console.print(f"[bold]{first['heading']}[/] ({len(files)} shards)")
+        for key in first["scenarios"]:
+            events: dict[str, list[bool]] = {}
+            figures: dict[str, list[float]] = {}
+            for found in loaded:
+                part = found["suites"][name]["scenarios"][key]
+                for event, happened in part["events"].items():
+                    events.setdefault(event, []).extend(happened)
+                for figure, values in part["figures"].items():
+                    figures.setdefault(figure, []).extend(values)
+            console.print(f"  {key}: " + describe(events, figures, first["base"], launch_sd), soft_wrap=True)
 
 
 def size(console: Console, quick: bool) -> None:
@@ -582,8 +613,14 @@ def main() -> None:
     parser.add_argument("--only", default="size,early-stop,scenarios", help="size, early-stop, scenarios (comma-separated)")
     parser.add_argument("--scenarios", default=None, help="Scenario names to play (comma-separated; default all)")
     parser.add_argument("--quick", action="store_true", help="1 trial of each scenario on the PR suite, one size case")
+    parser.add_argument("--shard", default="0/1", help="i/n: only trials i, i+n, i+2n, ... (run n processes at once)")
+    parser.add_argument("--save", type=Path, default=None, help="write the raw events and figures to this JSON file")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, help="print the rows of these --save files")
     args = parser.parse_args()
     console = Console(width=200)
+    if args.merge:
+        merge(args.merge, console)
+        return
     parts = args.only.split(",")
     if "size" in parts:
         size(console, args.quick)
@@ -600,7 +637,9 @@ def main() -> None:
         for item in args.gate:
             key, _, value = item.partition("=")
             overrides[key] = yaml.safe_load(value)
-        scenarios(load_gsm8k(), suites, trials, chosen, args.launch_sd, overrides, console)
+        index, _, count = args.shard.partition("/")
+        scenarios(load_gsm8k(), suites, trials, chosen, args.launch_sd, overrides, console, (int(index), int(count)),
+                  args.save)
 
 
 if __name__ == "__main__":
