@@ -3,7 +3,7 @@ exit code a command ends with when it escapes (`harness.cli` maps them in one pl
 
     RegressError                     exit 3 unless a child says otherwise
     ├── ConfigError                  bad suite, world, flag or dataset: exit 2, nothing launched
-    │   └── DatasetError             GSM8K files missing, unreadable or malformed
+    │   └── DatasetError             a benchmark's data missing, unreadable or malformed
     ├── InfraError                   the machinery failed, not the model (exit 3; a cell becomes `error`)
     │   ├── ServerError              the server process: exited, never ready, crashed, hung (has a kind)
     │   ├── ClusterError             Ray could not be started or reached
@@ -43,7 +43,7 @@ class ConfigError(RegressError):
 
 
 class DatasetError(ConfigError):
-    """The GSM8K data cannot be found, read or parsed."""
+    """A benchmark's data cannot be found, read or parsed (its message names the file and what to do)."""
 
 
 class InfraError(RegressError):

@@ -1,5 +1,5 @@
-"""One generic registry for every kind of pluggable thing (axes, engines, benchmarks, protocols,
-sinks): a name -> item table whose unknown-name error lists what is available.
+"""One generic registry for every kind of pluggable thing that is listed by name (axes, engines,
+benchmarks): a name -> item table whose unknown-name error lists what is available.
 
     >>> engines: Registry[Engine] = Registry("engine")            # doctest: +SKIP
     >>> engines.add("sglang", SglangEngine())                     # doctest: +SKIP
@@ -67,9 +67,6 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
-
-    def pop(self, name: str) -> T | None:
-        return self._items.pop(name, None)
 
     @contextmanager
     def registered(self, name: str, item: T) -> Iterator[T]:

@@ -13,7 +13,10 @@ from harness.errors import ConfigError
 @app.command("eval")
 def eval_server(
     base_url: Annotated[str, typer.Option(help="The running server, e.g. http://127.0.0.1:30000")],
-    protocol: Annotated[str, typer.Option(help="clean, sglang-run-eval (sglang CI's GSM8KEval), sglang-fewshot (its older test), chat or mixed-prefix (radix cells).")] = "clean",
+    benchmark: Annotated[str, typer.Option(help="A registered benchmark (gsm8k).")] = "gsm8k",
+    protocol: Annotated[str | None, typer.Option(
+        help="One of the benchmark's protocols; GSM8K's: clean (its default), sglang-run-eval (sglang CI's "
+             "GSM8KEval), sglang-fewshot (its older test), chat, mixed-prefix (radix cells), sgl-eval.")] = None,
     num_questions: Annotated[int | None, typer.Option(help="Questions (default: all 1319).")] = None,
     seed: Annotated[int, typer.Option(help="Question subset and order.")] = 0,
     max_tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 512,
@@ -32,28 +35,32 @@ def eval_server(
     results_dir: ResultsDirOpt = Path("results"),
     tracking_uri: TrackingOpt = None,
     no_tracking: Annotated[bool, typer.Option("--no-tracking", help="Do not log to MLflow.")] = False,
-    gsm8k_path: Annotated[Path | None, typer.Option(help="Folder with GSM8K test.jsonl and train.jsonl.")] = None,
+    data_path: Annotated[Path | None, typer.Option(
+        "--data-path", "--gsm8k-path", help="The benchmark's data folder (GSM8K: test.jsonl and train.jsonl).")] = None,
 ) -> None:
-    """Evaluate one already-running server (sglang, vLLM, any OpenAI-compatible one) with a protocol.
+    """Evaluate one already-running server (sglang, vLLM, any OpenAI-compatible one) with a benchmark's protocol.
 
     Example: `regress eval --base-url http://127.0.0.1:30000 --protocol sglang-fewshot --num-questions 200 --floor 0.88`
     """
     from harness.benchmark.evaluator import EvalSettings
-    from harness.benchmark.gsm8k.dataset import load_gsm8k
-    from harness.benchmark.gsm8k.protocol import ProtocolName, build_plan
     from harness.results.tracking import default_tracking_uri
+    from harness.run.build import QuestionsRequest, questions
     from harness.run.external import EvalRequest, run_eval
     from harness.suite.config import GateSpec
 
-    allowed = [name.value for name in ProtocolName]
-    if protocol not in allowed:
-        raise ConfigError(f"--protocol: unknown protocol {protocol!r}; allowed: {', '.join(allowed)}")
     at_least_one("--num-questions", num_questions)
     at_least_one("--concurrency", concurrency)
     if not 0.0 <= floor <= 1.0:
         raise ConfigError(f"--floor: must be within [0, 1] (got {floor})")
-    data = load_gsm8k(gsm8k_path)
-    protocol_plan = build_plan(data, protocol, num_questions, seed, max_tokens)
+    try:
+        data, protocol_plan = questions(QuestionsRequest(benchmark, protocol, num_questions, seed, max_tokens, data_path))
+    except ConfigError as error:  # name the options, not the suite keys
+        text = str(error)
+        for key, option in (("benchmark:", "--benchmark:"), ("protocol:", "--protocol:"),
+                            ("num_questions:", "--num-questions:")):
+            if text.startswith(key):
+                text = option + text[len(key):]
+        raise ConfigError(text) from None
     request = EvalRequest(base_url=base_url, name=name, floor=floor, results_dir=results_dir, model_name=model,
                           tracking_uri=None if no_tracking else tracking_uri or default_tracking_uri(results_dir))
     for option, value in (("--request-timeout-s", request_timeout_s), ("--question-deadline-s", question_deadline_s)):

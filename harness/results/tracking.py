@@ -233,10 +233,11 @@ class Tracker:
         return self.parent_run_id
 
     def _log_dataset(self, info: RunInfo) -> None:
-        """GSM8K as the run's MLflow dataset input (name, digest, source), not only a param."""
+        """The run's benchmark data as its MLflow dataset input (the benchmark's name, the data's digest,
+        its protocol), not only a param."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
-        dataset = Dataset(name="gsm8k", digest=(info.dataset_sha256 or "unknown")[:36], source_type="local",
+        dataset = Dataset(name=info.benchmark, digest=(info.dataset_sha256 or "unknown")[:36], source_type="local",
                           source=json.dumps({"dataset_sha256": info.dataset_sha256, "protocol": info.protocol}))
         self._call("logging the dataset input", self._client.log_inputs, self.parent_run_id,
                    datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "evaluation")])])

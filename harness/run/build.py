@@ -5,7 +5,8 @@
        plan-time check (sglang refuses or predicts each cell)
 
 `regress run`, the driver of a `regress submit` job (which is `regress run` on the cluster) and every
-`regress bisect` probe build their run here; nothing else re-does a part of it. This module imports
+`regress bisect` probe build their run here, and `regress eval` its questions (`questions`);
+nothing else re-does a part of it. This module imports
 no Ray at load time: `regress plan` uses `load_matrix` from here.
 """
 
@@ -71,6 +72,28 @@ def _with_overrides(loaded: LoadedSuite, request: RunRequest) -> LoadedSuite:
     return loaded.model_copy(update={"suite": loaded.suite.model_copy(update=updates)})
 
 
+@dataclass(frozen=True)
+class QuestionsRequest:
+    """Which benchmark's questions, and how many: what `regress run` (from its suite) and `regress
+    eval` (from its options) both ask for."""
+
+    benchmark: str
+    protocol: str | None  # None: the benchmark's default protocol
+    num_questions: int | None
+    seed: int
+    max_tokens: int
+    data_path: Path | None = None  # else the benchmark's default source
+
+
+def questions(request: QuestionsRequest) -> tuple[Dataset, ProtocolPlan]:
+    """The benchmark's data and plan; ConfigError (exit 2, nothing launched) for an unknown
+    benchmark or protocol, or data that cannot be had."""
+    benchmark = benchmark_named(request.benchmark, request.protocol)
+    protocol = request.protocol or benchmark.default_protocol
+    data = benchmark.load(request.data_path)
+    return data, benchmark.plan(data, protocol, request.num_questions, request.seed, request.max_tokens)
+
+
 def prepare(request: RunRequest) -> RunInputs:
     """Everything checked before Ray starts: suite, engine, selection, data and protocol (exit 2 on
     any problem, nothing launched)."""
@@ -79,9 +102,9 @@ def prepare(request: RunRequest) -> RunInputs:
         matrix = select_listed(matrix, request.cells_file)
     loaded = _with_overrides(loaded, request)
     spec = loaded.suite
-    benchmark = benchmark_named(spec.benchmark, spec.protocol)
-    data = benchmark.load(request.gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None))
-    plan = benchmark.plan(data, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens)
+    data, plan = questions(QuestionsRequest(
+        spec.benchmark, spec.protocol, spec.num_questions, spec.seed, spec.max_tokens,
+        request.gsm8k_path or (loaded.resolve_path(spec.dataset.path) if spec.dataset.path else None)))
     return RunInputs(loaded, matrix, data, plan)
 
 

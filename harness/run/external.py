@@ -17,10 +17,9 @@ import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.benchmark.base import ProtocolPlan
+from harness.benchmark.base import Dataset, ProtocolPlan
 from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.benchmark.evaluator import Progress as EvalProgress
-from harness.benchmark.gsm8k.dataset import Gsm8k
 from harness.benchmark.http import INFO_LIMIT_BYTES, BodyTooLarge, bounded_body, bounded_json
 from harness.engine.server import read_server_info
 from harness.errors import ConfigError, InfraError, ServerError
@@ -136,7 +135,7 @@ def _verdict(outcome: CellOutcome, plan: ProtocolPlan, floor: float, gate: GateS
     return verdict
 
 
-def run_eval(request: EvalRequest, data: Gsm8k, plan: ProtocolPlan, settings: EvalSettings, gate: GateSpec,
+def run_eval(request: EvalRequest, data: Dataset, plan: ProtocolPlan, settings: EvalSettings, gate: GateSpec,
              console: Console) -> int:
     """Score the server, judge it alone (its floor; no reference), and write every sink."""
     if not request.base_url.startswith(("http://", "https://")):

@@ -241,10 +241,6 @@ def server_fields() -> tuple[str, ...]:
     return tuple(axis.server_field for axis in AXES.values())
 
 
-def numeric_fields() -> tuple[str, ...]:
-    """Fields the server reports as numbers (every flag the harness knows whose value is an int)."""
-    return tuple(dict.fromkeys(field for field, kind in reported_flags().values() if kind is int))
-
 
 def flags_known() -> set[str]:
     """Every flag some registered axis passes (the simulator's parser takes these from the registry)."""

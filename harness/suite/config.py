@@ -209,9 +209,9 @@ class Suite(Strict):
     cluster: ClusterSpec = ClusterSpec()
     dataset: DatasetSpec = DatasetSpec()
     # A registered benchmark (harness.benchmark.registry) and one of its protocols, checked where the
-    # run is built (harness.run.build), like the engine.
+    # run is built (harness.run.build), like the engine. Left out: the benchmark's own default protocol.
     benchmark: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "gsm8k"
-    protocol: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "clean"
+    protocol: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = ""
     # null: the whole test split; past its 1,319 (clean, chat): then train questions, for the paired tests.
     num_questions: Annotated[int, Field(ge=1)] | None = 200
     max_tokens: Annotated[int, Field(ge=1)] = 512
@@ -239,6 +239,15 @@ class Suite(Strict):
         for name, values in axes.items():
             normalised[name] = normalise_axis(name, values)
         return normalised
+
+    @model_validator(mode="after")
+    def _benchmarks_default_protocol(self) -> Suite:
+        if not self.protocol:
+            from harness.benchmark.registry import BENCHMARKS
+
+            benchmark = BENCHMARKS.find(self.benchmark)  # an unknown one is refused where the run is built
+            object.__setattr__(self, "protocol", benchmark.default_protocol if benchmark else "")
+        return self
 
     @model_validator(mode="after")
     def _floors_from_accuracy(self) -> Suite:

@@ -104,3 +104,31 @@ def test_a_radix_cell_whose_prompts_share_no_prefix_did_not_test_its_label(ray_l
     assert "radix cache on, but none of 12 answered questions reused a cached prefix" in on.reason
     assert cells["deepseek.rc-off"].status.value != "mismatch", cells["deepseek.rc-off"].reason
     assert result.exit_code == 1
+
+
+def test_a_toy_benchmark_runs_through_regress_eval_with_its_own_default_protocol_and_dataset_name(tmp_path):
+    """`regress eval` builds its questions as `regress run` does (harness.run.build.questions): the
+    toy benchmark by name, its default protocol (no --protocol given), and MLflow's dataset input
+    named after it."""
+    from mlflow.tracking import MlflowClient
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from tests.run.test_external import running_server
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with running_server(tmp_path) as url, BENCHMARKS.registered("sums", SumsBenchmark()):
+        result = CliRunner().invoke(app, ["eval", "--base-url", url, "--benchmark", "sums", "--num-questions", "12",
+                                          "--concurrency", "4", "--results-dir", str(tmp_path / "results"),
+                                          "--tracking-uri", store, "--name", "toy", "--floor", "0.5"])
+    (run_dir,) = (tmp_path / "results").glob("toy-*")
+    info = RunInfo.model_validate_json((run_dir / "run.json").read_text())
+    assert info.benchmark == "sums" and info.protocol == "plain", result.output
+    (cell,) = [CellResult.model_validate_json(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()]
+    assert cell.n == 12 and cell.correct == 0 and cell.status.value == "fail"  # the simulator cannot add
+    client = MlflowClient(tracking_uri=store)
+    (parent,) = [r for r in client.search_runs([client.get_experiment_by_name("toy").experiment_id])
+                 if "mlflow.parentRunId" not in r.data.tags]
+    assert [entry.dataset.name for entry in parent.inputs.dataset_inputs] == ["sums"]
+    unknown = CliRunner().invoke(app, ["eval", "--base-url", "http://127.0.0.1:9", "--benchmark", "sum"])
+    assert unknown.exit_code == 2 and "--benchmark: unknown benchmark 'sum'" in unknown.output

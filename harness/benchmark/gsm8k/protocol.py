@@ -203,44 +203,62 @@ def build_plan(data: Gsm8k, name: str, num_questions: int | None, seed: int, max
     """Build a protocol's prompts. `num_questions=None` asks the whole test split; clean and chat
     take more than the test split has from the train split (never the shots)."""
     try:
-        name = ProtocolName(name)
+        protocol = ProtocolName(name)
     except ValueError:
         raise ConfigError(f"protocol: unknown protocol {name!r}; allowed: "
                           f"{', '.join(p.value for p in ProtocolName)}") from None
-    if name == "sglang-run-eval":
-        return _run_eval_plan(data, num_questions, seed, max_tokens)
-    if name == ProtocolName.SGL_EVAL:
-        count = len(data.test) if num_questions is None else num_questions
-        if count > len(data.test):
-            raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)} "
-                              "(protocol sgl-eval asks test questions only, in file order)")
-        prompts = [Prompt(i, sgl_eval_expected(data.test[i].solution),
-                          messages=(("user", SGL_EVAL_PROMPT.format(problem=data.test[i].question)),))
-                   for i in range(count)]
-        return _finish(data, ProtocolName.SGL_EVAL, "chat", prompts, (), max_tokens, [], seed)
-    if name == "sglang-fewshot":
-        shots = list(range(NUM_SHOTS))
-        prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
-        count = len(data.test) if num_questions is None else num_questions
-        if count > len(data.test):
-            raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)} "
-                              "(protocol sglang-fewshot asks test questions only)")
-        prompts = [Prompt(i, extract_sglang_integer(data.test[i].solution) or "",
-                          prefix + _sglang_example(data.test[i], False), teacher=" " + data.test[i].solution)
-                   for i in range(count)]
-        return _finish(data, ProtocolName.SGLANG_FEWSHOT, "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
-    shots = sorted(random.Random(seed).sample(range(len(data.train)), NUM_SHOTS))
-    if name == ProtocolName.MIXED_PREFIX:
-        others = [i for i in range(len(data.train)) if i not in set(shots)]
-        shots += random.Random(seed + 2).sample(others, MIXED_SECONDARY)
-        prompts = [_prompt(name, index, problem, _mixed_prefix(data, shots, seed, index), ())
+    return _BUILDERS[protocol](data, num_questions, seed, max_tokens)
+
+
+def _test_count(data: Gsm8k, num_questions: int | None, protocol: ProtocolName, order: str) -> int:
+    """How many test questions a protocol that asks the test split only takes."""
+    count = len(data.test) if num_questions is None else num_questions
+    if count > len(data.test):
+        raise ConfigError(f"num_questions: {count} asked but the test split has {len(data.test)} "
+                          f"(protocol {protocol.value} asks test questions only{order})")
+    return count
+
+
+def _sgl_eval_plan(data: Gsm8k, num_questions: int | None, seed: int, max_tokens: int) -> ProtocolPlan:
+    count = _test_count(data, num_questions, ProtocolName.SGL_EVAL, ", in file order")
+    prompts = [Prompt(i, sgl_eval_expected(data.test[i].solution),
+                      messages=(("user", SGL_EVAL_PROMPT.format(problem=data.test[i].question)),))
+               for i in range(count)]
+    return _finish(data, ProtocolName.SGL_EVAL, "chat", prompts, (), max_tokens, [], seed)
+
+
+def _sglang_fewshot_plan(data: Gsm8k, num_questions: int | None, seed: int, max_tokens: int) -> ProtocolPlan:
+    shots = list(range(NUM_SHOTS))
+    prefix = "".join(_sglang_example(data.test[i], True) + "\n\n" for i in shots)
+    count = _test_count(data, num_questions, ProtocolName.SGLANG_FEWSHOT, "")
+    prompts = [Prompt(i, extract_sglang_integer(data.test[i].solution) or "",
+                      prefix + _sglang_example(data.test[i], False), teacher=" " + data.test[i].solution)
+               for i in range(count)]
+    return _finish(data, ProtocolName.SGLANG_FEWSHOT, "generate", prompts, SGLANG_STOP, max_tokens, shots, seed)
+
+
+def _train_shots(data: Gsm8k, seed: int) -> list[int]:
+    return sorted(random.Random(seed).sample(range(len(data.train)), NUM_SHOTS))
+
+
+def _mixed_prefix_plan(data: Gsm8k, num_questions: int | None, seed: int, max_tokens: int) -> ProtocolPlan:
+    shots = _train_shots(data, seed)
+    others = [i for i in range(len(data.train)) if i not in set(shots)]
+    shots += random.Random(seed + 2).sample(others, MIXED_SECONDARY)
+    prompts = [_prompt(ProtocolName.MIXED_PREFIX, index, problem, _mixed_prefix(data, shots, seed, index), ())
+               for index, problem in _chosen(data, shots, num_questions, seed)]
+    return _finish(data, ProtocolName.MIXED_PREFIX, "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
+
+
+def _few_shot_plan(protocol: ProtocolName, endpoint: Endpoint, stop: tuple[str, ...]):
+    """clean and chat: the seeded train shots before each question, as text or as chat turns."""
+    def build(data: Gsm8k, num_questions: int | None, seed: int, max_tokens: int) -> ProtocolPlan:
+        shots = _train_shots(data, seed)
+        prefix, turns = _shots(protocol, data, shots)
+        prompts = [_prompt(protocol, index, problem, prefix, turns)
                    for index, problem in _chosen(data, shots, num_questions, seed)]
-        return _finish(data, ProtocolName.MIXED_PREFIX, "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
-    prefix, turns = _shots(name, data, shots)
-    prompts = [_prompt(name, index, problem, prefix, turns) for index, problem in _chosen(data, shots, num_questions, seed)]
-    if name == "clean":
-        return _finish(data, ProtocolName.CLEAN, "completions", prompts, CLEAN_STOP, max_tokens, shots, seed)
-    return _finish(data, ProtocolName.CHAT, "chat", prompts, (), max_tokens, shots, seed)
+        return _finish(data, protocol, endpoint, prompts, stop, max_tokens, shots, seed)
+    return build
 
 
 def _shots(name: ProtocolName, data: Gsm8k, shots: list[int] | tuple[int, ...]) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -283,6 +301,16 @@ def _finish(data: Gsm8k, name: ProtocolName, endpoint: Endpoint, prompts: list[P
     return fingerprinted(ProtocolPlan(name.value, endpoint, tuple(prompts), stop, max_tokens, 0.0, tuple(shots), seed,
                                       data.sha256, "", grader=_GRADERS[name], extensible=name in _EXTENSIBLE))
 
+
+# Each protocol's plan, by name: what `build_plan` builds.
+_BUILDERS = {
+    ProtocolName.CLEAN: _few_shot_plan(ProtocolName.CLEAN, "completions", CLEAN_STOP),
+    ProtocolName.CHAT: _few_shot_plan(ProtocolName.CHAT, "chat", ()),
+    ProtocolName.MIXED_PREFIX: _mixed_prefix_plan,
+    ProtocolName.SGLANG_FEWSHOT: _sglang_fewshot_plan,
+    ProtocolName.SGLANG_RUN_EVAL: _run_eval_plan,
+    ProtocolName.SGL_EVAL: _sgl_eval_plan,
+}
 
 EXTENSION_INDEX_OFFSET = 100_000  # train question i is recorded as index 100000 + i
 
