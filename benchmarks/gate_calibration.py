@@ -362,13 +362,39 @@ def _night_events(outcome: Outcome, label: str, night: Night, gating: Gating, fi
         outcome.figures[f"launch_sd measured ({label})"] = spread.sd
 
 
+# The warm-up nights of the trial being played, shared by the scenarios that start from them
+# (healthy, least favourable aside, and the drops): (suite, seed, launch_sd) -> (archive, night 0).
+WARMED: dict[tuple, tuple[MemoryArchive, Outcome]] = {}
+
+
+def warmed_up(suite: Suite, inputs: RunInputs, world: World, key: tuple) -> tuple[MemoryArchive, Outcome]:
+    """WARMUP_NIGHTS healthy nights played once per trial seed; each scenario branches off a copy."""
+    if key not in WARMED:
+        WARMED.clear()  # trials run one seed at a time: keep only this one's
+        archive, first = MemoryArchive(), Outcome()
+        for number in range(WARMUP_NIGHTS):
+            night = Night(inputs, world, number, {})
+            gating = night.play(archive)
+            if number == 0:
+                _night_events(first, "first night", night, gating, suite.first_model())
+            archive.remember(number, gating)
+        WARMED[key] = (archive, first)
+    archive, first = WARMED[key]
+    copy = MemoryArchive()
+    copy.infos, copy.results, copy.answers = list(archive.infos), dict(archive.results), dict(archive.answers)
+    return copy, first
+
+
 def trial(suite: Suite, scenario: Scenario, seed: int, launch_sd: float) -> Outcome:
-    """One trial: a first night, or warm-up nights then the judged nights (module docstring)."""
+    """One trial: a first night, or warm-up nights then the judged nights (module docstring). The
+    scenarios that play the same warm-up (every cell's offset drawn, the dropped cell's exactly 0)
+    share it for one seed."""
     first_model = suite.first_model()
     inputs = suite.configured(scenario)
     target = dropped_cell(inputs, first_model)
+    shares_warmup = not (scenario.at_tolerance or scenario.estimate_nights or scenario.drift or scenario.first_night_only)
     world = World.draw(seed, suite.questions, inputs, scenario, launch_sd,
-                       frozenset({target}) if scenario.dropped else frozenset())
+                       frozenset({target}) if scenario.dropped or shares_warmup else frozenset())
     mine = model_cells(inputs, first_model)
     outcome = Outcome()
     if scenario.estimate_nights:
@@ -411,13 +437,19 @@ def trial(suite: Suite, scenario: Scenario, seed: int, launch_sd: float) -> Outc
             outcome.events["dropped cell passed (first night)"] = gating.results()[target].status is Status.PASS
             outcome.events["dropped cell red (first night)"] = gating.results()[target].status.is_regression
         return outcome
-    archive = MemoryArchive()
-    for number in range(WARMUP_NIGHTS):
-        night = Night(inputs, world, number, {})
-        gating = night.play(archive)
-        if number == 0 and not scenario.shift and not scenario.dropped:
-            _night_events(outcome, "first night", night, gating, first_model)
-        archive.remember(number, gating)
+    if shares_warmup:
+        archive, first = warmed_up(suite, inputs, world, (suite.name, seed, launch_sd))
+    else:
+        archive, first = MemoryArchive(), Outcome()
+        for number in range(WARMUP_NIGHTS):
+            night = Night(inputs, world, number, {})
+            gating = night.play(archive)
+            if number == 0:
+                _night_events(first, "first night", night, gating, first_model)
+            archive.remember(number, gating)
+    if not scenario.shift and not scenario.dropped:
+        outcome.events.update(first.events)
+        outcome.figures.update(first.figures)
     red_by = None
     for after in range(scenario.nights_after):
         number = WARMUP_NIGHTS + after
@@ -442,13 +474,15 @@ SCENARIOS = {
     "build shift 1 pt": Scenario("build shift", shift=-0.01),
     "model-wide break 10 pts": Scenario("break", shift=-0.10, first_night_only=True),
     "3-pt drop": Scenario("3-pt drop", dropped=0.03, nights_after=3),
-    "3-pt drop, first night": Scenario("3-pt drop", dropped=0.03, first_night_only=True),
+    "3-pt drop (first night)": Scenario("3-pt drop", dropped=0.03, first_night_only=True),
     "5-pt drop": Scenario("5-pt drop", dropped=0.05),
-    "5-pt drop, first night": Scenario("5-pt drop", dropped=0.05, first_night_only=True),
+    "5-pt drop (first night)": Scenario("5-pt drop", dropped=0.05, first_night_only=True),
     "launch spread estimate": Scenario("estimate", estimate_nights=15),
-    "drift 0.5 pt/night, one cell": Scenario("drift", drift=0.005),
-    "drift 0.5 pt/night, model-wide": Scenario("drift", drift=0.005, drift_model_wide=True),
+    "drift 0.5 pt/night (one cell)": Scenario("drift", drift=0.005),
+    "drift 0.5 pt/night (model-wide)": Scenario("drift", drift=0.005, drift_model_wide=True),
 }
+SHARED_WARMUP = {key for key, scenario in SCENARIOS.items()
+                 if not (scenario.at_tolerance or scenario.estimate_nights or scenario.drift or scenario.first_night_only)}
 FEWER = {"model-wide break 10 pts": 4, "launch spread estimate": 3}  # fewer trials: a claim of >= 95%, or figures
 
 
@@ -477,18 +511,22 @@ def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str]
                    f"{base:.0f} GPU-s")
         found_suite = raw["suites"][name] = {"heading": heading, "base": base, "scenarios": {}}
         console.print(f"[bold]{heading}[/]")
-        for key in chosen:
-            scenario = SCENARIOS[key]
-            count = max(1, trials[name] // FEWER.get(key, 1))
-            events: dict[str, list[bool]] = {}
-            figures: dict[str, list[float]] = {}
-            for number in range(shard[0], count, shard[1]):
-                seed = number * 7919 + zlib.crc32(key.encode()) % 1000
-                found = trial(suite, scenario, seed, launch_sd)
+        counts = {key: max(1, trials[name] // FEWER.get(key, 1)) for key in chosen}
+        collected = {key: ({}, {}) for key in chosen}
+        # Trial by trial, each scenario in turn: the scenarios sharing a warm-up play it once a seed.
+        for number in range(shard[0], max(counts.values()), shard[1]):
+            for key in chosen:
+                if number >= counts[key]:
+                    continue
+                seed = number * 7919 + (17 if key in SHARED_WARMUP else zlib.crc32(key.encode()) % 1000)
+                found = trial(suite, SCENARIOS[key], seed, launch_sd)
+                events, figures = collected[key]
                 for event, happened in found.events.items():
                     events.setdefault(event, []).append(bool(happened))
                 for figure, value in found.figures.items():
                     figures.setdefault(figure, []).append(value)
+        for key in chosen:
+            events, figures = collected[key]
             found_suite["scenarios"][key] = {"events": events, "figures": figures}
             console.print(f"  {key}: " + describe(events, figures, base, launch_sd), soft_wrap=True)
     if save is not None:

@@ -192,6 +192,9 @@ class Verdict(Record):
     launch_sd: float | None = None  # the launch spread (sd, a fraction) the paired tests added; null: none
     launch_sample: LaunchSample | None = None  # this cell's launches, for the run's launch-spread estimate
     decide: str | None = None  # `inconclusive`: what would decide it (another launch, more questions)
+    # The evidence of a drop accumulated over the cell's nights since it last passed (harness.gate.evidence):
+    # test ("reference", "history") -> [nights, log e-value]
+    evidence: dict[str, tuple[int, float]] = {}
 
 
 class CellResult(Verdict):

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 from harness.errors import ErrorKind
 from harness.gate.divergence import Divergence, divergence_test
+from harness.gate.evidence import LABELS as EVIDENCE_LABELS
+from harness.gate.evidence import describe as describe_evidence
+from harness.gate.evidence import night_log_e, rejects
 from harness.gate.launches import Answers
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
@@ -211,7 +214,8 @@ def _divergence(outcome: CellOutcome, reference: CellOutcome | None, gate: GateS
 def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: Side = None,
           pinned: CellOutcome | None = None, reference_problem: str | None = None,
-          divergence_tolerance: float | None = None, launch_sd: float = 0.0) -> Verdict:
+          divergence_tolerance: float | None = None, launch_sd: float = 0.0,
+          carried: dict[str, tuple[int, float]] | None = None) -> Verdict:
     """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
     and teacher-forced divergence within the tolerance on all but a healthy share of questions);
     `history`: the same cell in its last runs of the suite where it passed (one outcome, or several
@@ -223,7 +227,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     `divergence_tolerance`: the model's (nats per token), else the gate's. `launch_sd`: the
     launch-to-launch spread (harness.gate.launches), added to every paired test for each side's
     launches. Every side may hold several launches (its records' `launch`): a question then counts
-    by the share of launches that answered it right.
+    by the share of launches that answered it right. `carried`: the cell's evidence from its nights
+    since it last passed (harness.gate.evidence), continued with tonight's first launch.
 
     Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
     early = unmeasured(outcome, gate)
@@ -240,7 +245,11 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and test_answers.n > 0
-    tests = floor_tested + len(found) + (diverged is not None)
+    evidence = _evidence(outcome, gate, {"reference": reference, "history": history}, launch_sd, carried or {})
+    # An accumulated test is made from a cell's second night on (on its first it would repeat the
+    # night's own paired test); its product is kept either way (harness.gate.evidence).
+    accumulated = {key: value for key, value in evidence.items() if value[0] > 1}
+    tests = floor_tested + len(found) + (diverged is not None) + len(accumulated)
     alpha = stage.alpha / max(tests, 1)
     count = answers.launch_count
     launches = f" over {count} launches" if count > 1 else ""
@@ -253,6 +262,9 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     parts = [floor_part, *(_paired_part(paired, label, gate, alpha, n, stage.pass_confidence or gate.pass_confidence) for label, paired in found.items())]
     if diverged is not None:  # it can fail the cell, never hold it open (harness.gate.divergence)
         parts.append(_Part(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha)))
+    for key, (nights, log_e) in accumulated.items():  # it can fail the cell, never hold it open
+        parts.append(_Part(Status.FAIL if rejects(log_e, alpha) else Status.PASS,
+                           describe_evidence(EVIDENCE_LABELS[key], nights, log_e, alpha)))
     for part in parts:
         status = _worse(status, part.status)
     reasons += [part.reason + (part.undecided if status is not Status.FAIL else "") for part in parts if part.reason]
@@ -273,12 +285,33 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                    correct=correct, ci_low=low, ci_high=high, floor_p=floor_p, floor_n=test_answers.n,
                    floor_correct=round(test_answers.total),
                    launches=max(count, 1), launch_sd=launch_sd if found and launch_sd > 0 else None,
-                   decide=decide,
+                   decide=decide, evidence=evidence,
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,
                    pinned_p=pinned_paired.p_drop if pinned_paired else None,
                    **_divergence_fields(diverged))
+
+
+def _evidence(outcome: CellOutcome, gate: GateSpec, others: dict[str, Side], launch_sd: float,
+              carried: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float]]:
+    """Each accumulating test's (nights, log e) with tonight's first launch added (harness.gate.evidence)."""
+    first = Answers.of(first_launch(outcome.questions), gate.extraction)
+    found = {}
+    for key, other in others.items():
+        runs = _runs(other)
+        if key == "reference":
+            runs = [run.model_copy(update={"questions": first_launch(run.questions)}) for run in runs]
+        if not runs:
+            continue
+        margin = gate.tolerance if key == "reference" else gate.own_margin
+        paired = paired_comparison(first, Answers.pooled([run.questions for run in runs], gate.extraction), margin,
+                                   launch_sd=launch_sd)
+        if paired is None:
+            continue
+        nights, log_e = carried.get(key, (0, 0.0))
+        found[key] = (nights + 1, log_e + night_log_e(paired, gate.min_effect))
+    return found
 
 
 def _divergence_fields(diverged: Divergence | None) -> dict[str, float | int | None]:

@@ -153,7 +153,7 @@ class Gating:
         self._prior[cell.model.id] = cell.model.launch_sd
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found.outcomes if found else None,
                         pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
-                        self.launch_sd(cell.model.id, cell.model.launch_sd))
+                        self.launch_sd(cell.model.id, cell.model.launch_sd), self.history.carried_evidence(cell.cell_id))
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})

@@ -94,7 +94,7 @@ class History:
         if cell_id in self._baselines:
             return self._baselines[cell_id]
         found = []
-        for run in self.runs:
+        for run in self._before_streak(cell_id):
             answers = self._answers(run, cell_id, BASELINE_STATUSES)
             if answers is not None:
                 found.append(answers)
@@ -103,9 +103,28 @@ class History:
         self._baselines[cell_id] = Baseline(tuple(r for r, _ in found), tuple(o for _, o in found)) if found else None
         return self._baselines[cell_id]
 
+    def _before_streak(self, cell_id: str) -> list[RunInfo]:
+        """The searched runs from the one before the cell's current streak of nights it did not pass
+        (its newest runs where it was inconclusive or a regression) on: a drop that persists does not
+        water down the baseline its evidence is measured against (harness.gate.evidence)."""
+        for position, run in enumerate(self.runs):
+            result = self._results(run).get(cell_id)
+            if result is not None and result.status is Status.PASS:
+                return self.runs[position:]
+        return self.runs
+
     def pinned(self, cell_id: str) -> tuple[str, CellOutcome] | None:
         """(run id, answers) of the cell in the suite's pinned run, if it was not a regression there."""
         return self._answers(self.pinned_run, cell_id, PINNED_STATUSES) if self.pinned_run else None
+
+    def carried_evidence(self, cell_id: str) -> dict[str, tuple[int, float]]:
+        """The cell's accumulated evidence (harness.gate.evidence) from the newest earlier run it was
+        judged in, unless it passed there (a pass starts the product again)."""
+        for run in self.runs:
+            result = self._results(run).get(cell_id)
+            if result is not None:
+                return {} if result.status is Status.PASS else dict(result.evidence)
+        return {}
 
     def launch_samples(self, model: str) -> list[LaunchSample]:
         """What the searched runs measured of launch spread on `model`'s cells (harness.gate.launches)."""

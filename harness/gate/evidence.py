@@ -1,0 +1,46 @@
+"""Evidence that accumulates across nights (pure): an e-process per cell and test.
+
+One night's launch cannot tell a 3-point drop from launch spread at the alpha a run gives one test;
+three nights of it can, if their evidence is combined without spending alpha again each night. A
+likelihood ratio is an e-value (its expectation is at most 1 when the null holds), and a product of
+e-values, each taken given the nights before, is too (a test supermartingale): by Markov's
+inequality, "the product reaches 1/alpha" happens with chance at most alpha on any one night,
+however many nights the product has run and whenever it was started or stopped. So each test that
+accumulates spends only its share of each night's alpha, like any other test.
+
+Tonight's e-value of a paired drop D (variance V, from the cell's *first* launch: the relaunches
+within a night are made because the first looked undecided, and a likelihood ratio taken where a
+data-dependent rule stopped is no e-value) against "drop <= margin", at the alternative "drop =
+min_effect" (delta = min_effect - margin):
+
+    log e = (delta (D - margin) - delta^2 / 2) / V
+
+its expectation under any drop <= margin is at most 1. A cell's product runs over its consecutive
+nights since it last passed (a pass starts it again at 1) and is kept in cells.jsonl (`evidence`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from harness.gate.stats import Paired
+
+LABELS = {"reference": "reference", "history": "its last runs"}  # the tests that accumulate
+
+
+def night_log_e(paired: Paired, min_effect: float) -> float:
+    """The log e-value of one night's paired drop against its margin (module docstring)."""
+    delta = min_effect - paired.margin
+    if delta <= 0:
+        return 0.0
+    return (delta * (paired.drop - paired.margin) - delta * delta / 2) / max(paired.variance, 1e-12)
+
+
+def rejects(log_e: float, alpha: float) -> bool:
+    return log_e >= math.log(1 / alpha)
+
+
+def describe(label: str, nights: int, log_e: float, alpha: float) -> str:
+    shown = f"e={math.exp(min(log_e, 700)):.3g}" if log_e < 700 else f"log e={log_e:.0f}"
+    verdict = f" >= 1/{alpha:.2g}" if rejects(log_e, alpha) else ""
+    return f"evidence vs {label} over {nights} night(s) (first launches): {shown}{verdict}"
