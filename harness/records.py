@@ -44,6 +44,26 @@ class TeacherForced(Record):
     error: str | None = None  # the request failed (never a score: the question is left out of the test)
 
 
+class Replay(Record):
+    """A question answered again once the cell's prefix cache holds its whole prompt (harness.benchmark.self_checks)."""
+
+    pred: str | None = None
+    correct: bool = False
+    correct_strict: bool = False
+    output: str = ""
+    cached_tokens: int | None = None
+    error: str | None = None  # the request failed (never a score: the question is left out of the test)
+
+
+class SelfChecks(Record):
+    """A sampled question asked again inside its own cell, after the evaluation, one at a time
+    (harness.benchmark.self_checks): evidence that needs no reference cell."""
+
+    alone: TeacherForced | None = None  # its teacher text scored with nothing else in flight (the cache warm)
+    cold: TeacherForced | None = None  # the same right after the prefix cache was flushed (None: no flush route)
+    replay: Replay | None = None  # its question answered again, the cache warm with its whole prompt
+
+
 class QuestionRecord(Record):
     """One question as asked and answered. `error` set means an infrastructure failure, not a score.
     `(split, index)` is the question's identity in its benchmark's data; the floor counts `test` only."""
@@ -64,6 +84,7 @@ class QuestionRecord(Record):
     error: str | None = None
     cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not reported)
     teacher: TeacherForced | None = None  # None: not asked (the protocol has no teacher text, or it is off)
+    checks: SelfChecks | None = None  # None: not one of the cell's sampled self-check questions
     # Which launch of the cell's server answered (0: the first; a relaunch, harness.run.relaunch, is 1, 2, ...).
     # The same question answered by two launches is two records.
     launch: int = 0
@@ -192,6 +213,8 @@ class Verdict(Record):
     launch_sd: float | None = None  # the launch spread (sd, a fraction) the paired tests added; null: none
     launch_sample: LaunchSample | None = None  # this cell's launches, for the run's launch-spread estimate
     decide: str | None = None  # `inconclusive`: what would decide it (another launch, more questions)
+    # The cell's self-checks (harness.gate.self_checks): check ("co-batch", "cache", "replay") -> its p-value
+    self_check_p: dict[str, float] = {}
     # The evidence of a drop accumulated over the cell's nights since it last passed (harness.gate.evidence):
     # test ("reference", "history") -> [nights, log e-value]
     evidence: dict[str, tuple[int, float]] = {}

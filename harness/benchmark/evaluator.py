@@ -52,6 +52,12 @@ class EvalSettings:
     client: str = "aiohttp"
     api_key: str | None = None
     teacher_forcing: bool = True  # score each prompt's teacher text (gate.divergence needs it)
+    # After the evaluation, this many sampled questions asked again inside the cell
+    # (harness.benchmark.self_checks); 0: none. `flush_route`: the engine's route that empties its
+    # prefix cache (None: the cold check is not made).
+    self_checks: int = 0
+    self_check_seed: int = 0
+    flush_route: str | None = "/flush_cache"
 
 
 @dataclass(frozen=True)
@@ -351,4 +357,29 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
                 timeout=settings.request_timeout_s))
             send = _openai_sender(client)
         ordered = await asking.run(send, teacher_send)
-    return score(ordered, time.perf_counter() - asking.started), ordered
+        elapsed = time.perf_counter() - asking.started  # the evaluation's own time (its throughput)
+        if settings.self_checks and not asking.stop.is_set():
+            from harness.benchmark.self_checks import run_self_checks
+
+            flush = functools.partial(_flush, session, base_url + settings.flush_route) if settings.flush_route else None
+            ordered = await run_self_checks(teacher_send, flush, plan, ordered, settings)
+    return score(ordered, elapsed), ordered
+
+
+async def _flush(session: aiohttp.ClientSession, url: str) -> str | None:
+    """Empty the server's prefix cache; None once it says so, else why not (after a few tries:
+    sglang refuses while requests are still running)."""
+    from harness.benchmark.self_checks import FLUSH_ATTEMPTS
+
+    said = ""
+    for attempt in range(FLUSH_ATTEMPTS):
+        try:
+            async with session.post(url, allow_redirects=False) as response:
+                said = (await bounded_body(response, 4096)).decode(errors="replace").strip()[:200]
+                if response.status == 200:
+                    return None
+                said = f"HTTP {response.status}: {said}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, BodyTooLarge) as error:
+            said = f"{type(error).__name__}: {error}"
+        await asyncio.sleep(0.2 * (attempt + 1))
+    return f"the prefix cache could not be flushed ({said})"

@@ -53,6 +53,7 @@ class Engine:
     checks_at_plan_time: ClassVar[bool] = False
     health_route: ClassVar[str] = "/health_generate"  # 200 once the server generates
     info_routes: ClassVar[tuple[str, ...]] = ("/server_info", "/get_server_info")  # the resolved arguments
+    flush_route: ClassVar[str | None] = "/flush_cache"  # empties the prefix cache (self-checks); None: none
     # Log lines that mean the server is dead even while its launcher still runs (sglang's launcher waits
     # ~60 s "for CUDA coredumps", even on a CPU, after a scheduler crashed): the cell fails at once.
     crash_markers: ClassVar[tuple[str, ...]] = ()

@@ -22,11 +22,13 @@ class EngineRoutes:
     health_route: str = "/health_generate"
     info_routes: tuple[str, ...] = ("/server_info", "/get_server_info")
     crash_markers: tuple[str, ...] = ()
+    flush_route: str | None = "/flush_cache"
 
     @classmethod
     def of(cls, name: str, engine: Engine | None = None) -> EngineRoutes:
         engine = engine or ENGINES.get(name)
-        return cls(name, engine.launch_module, engine.health_route, engine.info_routes, engine.crash_markers)
+        return cls(name, engine.launch_module, engine.health_route, engine.info_routes, engine.crash_markers,
+                   engine.flush_route)
 
 
 @dataclass(frozen=True)

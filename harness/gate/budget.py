@@ -11,7 +11,8 @@ them up:
     └─ × (1 - model_share) / cells          one cell's
        ├─ × early_stop_share                its early-stop looks (split over its sequential tests,
        │                                    floor and divergence, then over their looks)
-       └─ × (1 - early_stop_share)          its final tests
+       ├─ × self_check_share                its self-checks, at stage 1 (harness.gate.self_checks)
+       └─ × (1 - early_stop_share - self_check_share)   its final tests
           ├─ × (1 - extension_share)        stage 1: the planned questions, one launch (split over its tests)
           └─ × extension_share              the later stages, split evenly: stage 2 after the
                                             extension (more questions), then one stage per relaunch
@@ -36,6 +37,7 @@ class Budget:
     extension_share: float = 0.0  # 0: no stage after the first
     later_stages: int | None = None  # stages after the first (the extension, relaunches); None: 1 if extension_share
     model_share: float = 0.0  # kept for the model-wide tests (0: none)
+    self_check_share: float = 0.0  # of each cell's, for its self-checks (0: none)
 
     @property
     def stages(self) -> int:
@@ -52,6 +54,11 @@ class Budget:
         return self.alpha * self.model_share / max(2 * models, 1)
 
     @property
+    def self_check(self) -> float:
+        """For all self-checks of one cell together."""
+        return self.per_cell * self.self_check_share
+
+    @property
     def early_stop(self) -> float:
         """For all early-stop looks of one cell together."""
         return self.per_cell * self.early_stop_share
@@ -59,7 +66,7 @@ class Budget:
     def stage(self, number: int) -> float:
         """For all tests one cell makes at stage `number` (1: planned questions; 2, 3, ...: the later
         stages, each an equal part of `extension_share`). A stage the budget has no share for gets 0."""
-        final = self.per_cell * (1 - self.early_stop_share)
+        final = self.per_cell * (1 - self.early_stop_share - self.self_check_share)
         if number < 1:
             raise ValueError(f"stage {number}: stages count from 1")
         if self.stages == 1:

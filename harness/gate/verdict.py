@@ -27,6 +27,7 @@ from harness.gate.evidence import LABELS as EVIDENCE_LABELS
 from harness.gate.evidence import describe as describe_evidence
 from harness.gate.evidence import night_log_e, rejects
 from harness.gate.launches import Answers
+from harness.gate.self_checks import self_checks
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
 from harness.suite.config import GateSpec
@@ -50,6 +51,8 @@ class Stage:
     # min_effect passes about 1 - gate.pass_confidence of the time or less over all its chances (a
     # union bound over stages of approximate score bounds; benchmarks/gate_calibration.py measures it).
     pass_confidence: float | None = None
+    # For the cell's self-checks (harness.gate.self_checks), made at stage 1 only; 0: none.
+    self_check_alpha: float = 0.0
 
 
 def pass_confidence_per_stage(pass_confidence: float, stages: int) -> float:
@@ -215,7 +218,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: Side = None,
           pinned: CellOutcome | None = None, reference_problem: str | None = None,
           divergence_tolerance: float | None = None, launch_sd: float = 0.0,
-          carried: dict[str, tuple[int, float]] | None = None) -> Verdict:
+          carried: dict[str, tuple[int, float]] | None = None, deterministic: bool = False) -> Verdict:
     """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
     and teacher-forced divergence within the tolerance on all but a healthy share of questions);
     `history`: the same cell in its last runs of the suite where it passed (one outcome, or several
@@ -229,6 +232,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     launches. Every side may hold several launches (its records' `launch`): a question then counts
     by the share of launches that answered it right. `carried`: the cell's evidence from its nights
     since it last passed (harness.gate.evidence), continued with tonight's first launch.
+    `deterministic`: the cell asked for deterministic inference (its self-checks are zero-tolerance).
 
     Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
     early = unmeasured(outcome, gate)
@@ -262,6 +266,12 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     parts = [floor_part, *(_paired_part(paired, label, gate, alpha, n, stage.pass_confidence or gate.pass_confidence) for label, paired in found.items())]
     if diverged is not None:  # it can fail the cell, never hold it open (harness.gate.divergence)
         parts.append(_Part(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha)))
+    checks, not_measured = ([], []) if not stage.self_check_alpha else self_checks(
+        first_launch(outcome.questions), divergence_tolerance or gate.divergence.tolerance,
+        gate.divergence.healthy_share, gate.tolerance, deterministic, gate.extraction)
+    for check in checks:  # each can fail the cell, never hold it open (harness.gate.self_checks)
+        check_alpha = stage.self_check_alpha / len(checks)
+        parts.append(_Part(Status.FAIL if check.p < check_alpha else Status.PASS, check.describe(check_alpha)))
     for key, (nights, log_e) in accumulated.items():  # it can fail the cell, never hold it open
         parts.append(_Part(Status.FAIL if rejects(log_e, alpha) else Status.PASS,
                            describe_evidence(EVIDENCE_LABELS[key], nights, log_e, alpha)))
@@ -276,6 +286,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
         status = Status.INCONCLUSIVE
     if reference_problem:
         reasons.append(reference_problem)
+    reasons += not_measured
     decide = None
     if status is Status.INCONCLUSIVE:
         decide = ("a reference that can vouch for it" if reference_problem and not any(p.decide for p in parts)
@@ -285,7 +296,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                    correct=correct, ci_low=low, ci_high=high, floor_p=floor_p, floor_n=test_answers.n,
                    floor_correct=round(test_answers.total),
                    launches=max(count, 1), launch_sd=launch_sd if found and launch_sd > 0 else None,
-                   decide=decide, evidence=evidence,
+                   decide=decide, evidence=evidence, self_check_p={check.name: check.p for check in checks},
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,

@@ -146,14 +146,16 @@ class Gating:
         confidence = pass_confidence_per_stage(self.gate.pass_confidence, self.budget.stages)
         # The floor is tested again only on new evidence: test questions the extension added, or another launch of them.
         judgement = Stage(alpha=self.budget.stage(stage), pass_confidence=confidence, number=stage,
-                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew or self.relaunches(cell.cell_id) > 0)
+                          floor_tested=stage == 1 or cell.cell_id in self._floor_grew or self.relaunches(cell.cell_id) > 0,
+                          self_check_alpha=self.budget.self_check if stage == 1 else 0.0)
         problem = self._reference_problem(cell, reference_missing)
         if problem:
             self._unvouched.add(cell.cell_id)
         self._prior[cell.model.id] = cell.model.launch_sd
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found.outcomes if found else None,
                         pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
-                        self.launch_sd(cell.model.id, cell.model.launch_sd), self.history.carried_evidence(cell.cell_id))
+                        self.launch_sd(cell.model.id, cell.model.launch_sd), self.history.carried_evidence(cell.cell_id),
+                        deterministic=cell.expected.get("enable_deterministic_inference") is True)
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         predicted = self.predicted.get(cell.cell_id, {})

@@ -115,8 +115,9 @@ class CellJobs:
         spec = cell_launch_spec(self.inputs.loaded, cell, self.inputs.data.source, devices=devices)
         settings = EvalSettings(concurrency=suite.concurrency, request_timeout_s=suite.request_timeout_s,
                                 max_attempts=suite.request_attempts, question_deadline_s=suite.question_deadline_s,
-                                model_name="default",
-                                teacher_forcing=suite.gate.divergence.enabled)
+                                model_name="default", teacher_forcing=suite.gate.divergence.enabled,
+                                self_checks=self_check_count(self.inputs) if self.looks else 0,
+                                self_check_seed=suite.seed, flush_route=spec.engine.flush_route)
         early_stop = divergence_stop = None
         budget = run_budget(self.inputs)
         diverges = suite.gate.divergence.enabled and cell.reference_cell is not None
@@ -150,8 +151,19 @@ def run_budget(inputs: RunInputs) -> Budget:
     the extension (when the suite extends and its protocol can) and for each relaunch."""
     gate = inputs.loaded.suite.gate
     later = int(extends(inputs)) + gate.max_launches - 1
+    checks = self_check_count(inputs) > 0
     return Budget(gate.alpha, len(inputs.matrix.cells), gate.early_stop_share,
-                  gate.extension_share if later else 0.0, later_stages=later, model_share=gate.model_wide_share)
+                  gate.extension_share if later else 0.0, later_stages=later, model_share=gate.model_wide_share,
+                  self_check_share=gate.self_checks.share if checks else 0.0)
+
+
+def self_check_count(inputs: RunInputs) -> int:
+    """Questions each cell asks again inside itself (harness.benchmark.self_checks): none without
+    teacher texts or teacher forcing (the checks score them)."""
+    gate = inputs.loaded.suite.gate
+    if not gate.divergence.enabled or not any(p.teacher for p in inputs.plan.prompts):
+        return 0
+    return gate.self_checks.count(len(inputs.plan.prompts))
 
 
 def decide(inputs: RunInputs, gating: Gating, schedule: Any) -> None:

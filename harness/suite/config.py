@@ -102,6 +102,23 @@ class DivergenceSpec(Strict):
     healthy_share: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
 
 
+class SelfCheckSpec(Strict):
+    """Each cell asks a sample of its questions again inside itself (harness.benchmark.self_checks,
+    harness.gate.self_checks): alone, after a cache flush, and replayed warm."""
+
+    # Questions sampled per cell (at most a tenth of its planned questions, at least 8 where it has
+    # them); 0: no self-checks. They need the protocol's teacher texts (not chat, not sgl-eval).
+    questions: Annotated[int, Field(ge=0, le=1024)] = 32
+    # The share of each cell's alpha the self-checks spend (at stage 1, split over those made).
+    share: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.1
+
+    def count(self, planned: int) -> int:
+        """How many of `planned` questions a cell samples."""
+        if not self.questions:
+            return 0
+        return min(self.questions, max(8, planned // 10), planned)
+
+
 class GateSpec(Strict):
     """How cells are judged (README, "Verdicts"; harness.gate). One budget: `alpha` is the chance
     that a healthy run has any `fail`, spread over cells, tests and looks (harness.gate.budget)."""
@@ -155,6 +172,7 @@ class GateSpec(Strict):
     # A model's floor when it gives its `accuracy` but no floor: this far under it.
     floor_margin: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.03
     divergence: DivergenceSpec = DivergenceSpec()
+    self_checks: SelfCheckSpec = SelfCheckSpec()
 
     @model_validator(mode="before")
     @classmethod
