@@ -1,18 +1,19 @@
 """Asking a cell about itself: a seeded sample of its questions asked again after its evaluation,
 so that a cell carries evidence that needs no reference cell (the reference may be the broken one).
 
-For each sampled question whose teacher text was scored (harness.benchmark.evaluator), one at a time
-with nothing else in flight:
+For each sampled question whose teacher text was scored (harness.benchmark.evaluator):
 
-1. `alone`: the teacher text scored again. The prefix cache is as warm as in the evaluation; only
-   the batch differs (alone, not among `concurrency` other requests): a request whose result
-   depends on what it is batched with (cross-request contamination) shows here.
-2. `cold`: the server's prefix cache flushed (the engine's flush route), then the teacher text
-   scored once more: computed from scratch where `alone` read the cache. A cache hit that reads
-   wrong KV rows shows here, in the reference cell too.
-3. `replay` (after all of them, `concurrency` at a time): the question answered again, its whole
-   prompt now in the cache: a server right cold and wrong warm (sglang PR #16053: GSM8K 0.950 on a
+1. `alone`, one at a time with nothing else in flight: the teacher text scored again. The prefix
+   cache is as warm as in the evaluation; only the batch differs (alone, not among `concurrency`
+   other requests): a request whose result depends on what it is batched with (cross-request
+   contamination) shows here.
+2. `replay`, `concurrency` at a time: the question answered again, its whole prompt in the cache
+   since the evaluation: a server right cold and wrong warm (sglang PR #16053: GSM8K 0.950 on a
    first run, 0.485 on a second) shows here.
+3. `cold`, one at a time: the server's prefix cache flushed (the engine's flush route), then the
+   teacher text scored once more, computed from scratch where `alone` read the cache. A cache hit
+   that reads wrong KV rows shows here, in the reference cell too. (Last: each flush empties the
+   cache the replays need.)
 
 The gate compares them (harness.gate.self_checks). A server without teacher forcing or a flush
 route gets the checks it can: what was not measured is said so, never passed.
@@ -49,21 +50,16 @@ async def run_self_checks(send: Sender, flush: callable, plan: ProtocolPlan, rec
 
     chosen = sample(records, settings.self_checks, settings.self_check_seed)
     prompts = {p.index: p for p in plan.prompts}
-    checks: dict[int, dict] = {}
-    for position in chosen:
+    checks: dict[int, dict] = {position: {} for position in chosen}
+
+    async def teacher(position: int) -> TeacherForced:
         record = records[position]
-        prompt = prompts[record.index]
-        body = teacher_body(prompt, record.teacher.start)
-        alone = await _with_retries(send, "/generate", body, TEACHER, settings)
-        found = {"alone": alone.result if alone.result is not None else TeacherForced(error=alone.error)}
-        if flush is not None:
-            problem = await flush()
-            if problem is None:
-                cold = await _with_retries(send, "/generate", body, TEACHER, settings)
-                found["cold"] = cold.result if cold.result is not None else TeacherForced(error=cold.error)
-            else:
-                found["cold"] = TeacherForced(error=problem)
-        checks[position] = found
+        body = teacher_body(prompts[record.index], record.teacher.start)
+        attempted = await _with_retries(send, "/generate", body, TEACHER, settings)
+        return attempted.result if attempted.result is not None else TeacherForced(error=attempted.error)
+
+    for position in chosen:
+        checks[position]["alone"] = await teacher(position)
 
     async def replay(position: int) -> None:
         record = records[position]
@@ -83,6 +79,10 @@ async def run_self_checks(send: Sender, flush: callable, plan: ProtocolPlan, rec
             await replay(queue.pop())
 
     await asyncio.gather(*(worker() for _ in range(min(settings.concurrency, len(queue)))))
+    if flush is not None:
+        for position in chosen:
+            problem = await flush()
+            checks[position]["cold"] = await teacher(position) if problem is None else TeacherForced(error=problem)
     updated = list(records)
     for position, found in checks.items():
         updated[position] = updated[position].model_copy(update={"checks": SelfChecks(**found)})

@@ -59,6 +59,8 @@ class SimState:
     answers: AnswerBook
     faults: list[Fault]
     prefixes: set[str] = field(default_factory=set)
+    prompts: set[str] = field(default_factory=set)  # whole prompts seen since the last flush (bugs warm)
+    in_flight: int = 0  # requests accepted and not yet answered (a `batched` bug strikes when others are)
     requests: int = 0
     first_request_at: float | None = None
     request_times: list[float] = field(default_factory=list)  # when each request arrived (benchmarks' windows)
@@ -170,6 +172,17 @@ def _cached_chars(state: SimState, prefix: str) -> int:
     return cached
 
 
+def _seen(state: SimState, prompt: str) -> bool:
+    """Whether the server has seen this whole prompt since its cache was last flushed (radix on), and
+    remember it now."""
+    if state.resolved["disable_radix_cache"]:
+        return False
+    key = hashlib.sha1(prompt.encode()).hexdigest()
+    seen = key in state.prompts
+    state.prompts.add(key)
+    return seen
+
+
 async def _serve(state: SimState, number: int, prefill_tokens: int, completion_tokens: int) -> None:
     """Hold one of the server's slots for the simulated service time of one request."""
     latency = state.world.latency
@@ -192,9 +205,12 @@ async def _answer(state: SimState, prefix: str, question: str, stop: list[str], 
     simulated service time."""
     cached_chars = _cached_chars(state, prefix)
     prefix_hit = cached_chars > 0
+    batched = state.in_flight > 1  # others are in flight as it is served
+    warm = _seen(state, prefix + question)
     empty = any(unit_hash(state.world.seed, "empty", question) < f.empty_output_rate for f in state.faults)
     decision = Decision("empty") if empty else state.world.decide(state.model_path, question, state.resolved,
-                                                                    prefix_hit, os.environ.get("REGRESS_SIM_COMMIT"))
+                                                                    prefix_hit, os.environ.get("REGRESS_SIM_COMMIT"),
+                                                                    warm, batched)
     text, reason = compose(state, decision, question, max_tokens, chat, boxed)
     text, stopped = apply_stop(text, stop)
     reason = "stop" if stopped else reason
@@ -212,8 +228,9 @@ async def _teacher_forced(state: SimState, text: str, start: int, number: int) -
     prefix, question = split_prompt(text)
     continuation = text.rpartition("\nAnswer:")[2]
     cached_chars = _cached_chars(state, prefix)
+    _seen(state, prefix + question)  # the request's prompt holds the question's whole prompt
     scores = state.world.teacher_forced(state.model_path, question, continuation, state.resolved, cached_chars > 0,
-                                        os.environ.get("REGRESS_SIM_COMMIT"))
+                                        os.environ.get("REGRESS_SIM_COMMIT"), batched=state.in_flight > 1)
     cached = cached_chars // 4
     prompt_tokens = start + 1 + len(scores.token_ids)
     await _serve(state, number, prompt_tokens - cached, 0)
@@ -287,7 +304,10 @@ class SimRoutes:
         return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
 
     async def flush_cache(self, _: web.Request) -> web.Response:
+        if self.state.in_flight:  # as sglang: not while requests run
+            return web.Response(status=400, text="Cache not flushed: requests are running.")
         self.state.prefixes.clear()
+        self.state.prompts.clear()
         return web.Response(text="Cache flushed.")
 
     async def accept(self, request: web.Request) -> tuple[dict[str, Any], int, web.Response | None]:
@@ -353,7 +373,19 @@ class SimRoutes:
 
 def build_app(state: SimState) -> web.Application:
     routes = SimRoutes(state)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+
+    @web.middleware
+    async def counted(request: web.Request, handler):
+        """Requests in flight, for `batched` bugs (the answering routes only)."""
+        if request.path not in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            return await handler(request)
+        state.in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            state.in_flight -= 1
+
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[counted])
     app.router.add_get("/sim/stats", routes.stats)  # not an sglang route: what benchmarks read
     app.router.add_get("/health", routes.health)
     app.router.add_get("/health_generate", routes.health_generate)

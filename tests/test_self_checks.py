@@ -1,0 +1,62 @@
+"""Evidence inside each cell, through `regress run` on the simulator: one world per bug class of
+2025-26 that a cold pass against a reference misses or blames on the wrong cell."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from harness.records import CellResult
+from tests.helpers import INCIDENT_WORLD
+from tests.test_run_end_to_end import invoke, only_run
+
+
+def run_with_bug(tmp_path, bug: dict, latency: float = 0.0) -> dict[str, CellResult]:
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["bugs"] = [bug]
+    world["latency"]["base_s"] = latency
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    suite = {"suite": "inside", "engine": "sim", "sim_world": str(tmp_path / "world.yaml"), "num_questions": 320,
+             "concurrency": 32, "stop_grace_s": 1,
+             "gate": {"self_checks": {"questions": 32}, "early_stop_share": 0.0001},
+             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
+             "axes": {"attention_backend": ["triton", "fa3"]}}
+    (tmp_path / "inside.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    invoke("run", str(tmp_path / "inside.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking", "--quiet")
+    run_dir = only_run(tmp_path / "results")
+    return {c.cell_id: c for c in (CellResult.model_validate_json(line)
+                                   for line in (run_dir / "cells.jsonl").read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_a_cell_right_cold_and_wrong_warm_fails_its_replay(ray_local, tmp_path):
+    """sglang PR #16053's class: the first pass is right; asked again with its prompt cached, wrong."""
+    cells = run_with_bug(tmp_path, {"name": "warm", "when": {"attention_backend": "fa3"}, "trigger": "warm",
+                                    "corrupt_probability": [0.9, 0.9], "style": "wrong"})
+    cell, reference = cells["dsv2.ab-fa3"], cells["dsv2.ab-triton"]
+    assert cell.status.value == "fail" and "self-check replay" in cell.reason and cell.self_check_p["replay"] < 1e-4
+    assert "self-check replay" in reference.reason and reference.status.value != "fail"
+
+
+@pytest.mark.slow
+def test_a_cell_whose_answers_depend_on_their_batch_fails_its_co_batch_check(ray_local, tmp_path):
+    """Cross-request contamination that moves only the log-probabilities: alone, the same request is clean."""
+    cells = run_with_bug(tmp_path, {"name": "batch", "when": {"attention_backend": "fa3"}, "trigger": "batched",
+                                    "corrupt_probability": [0.9, 0.9], "style": "unchanged"}, latency=0.02)
+    cell = cells["dsv2.ab-fa3"]
+    assert cell.status.value == "fail" and cell.self_check_p["co-batch"] < 1e-4, cell.reason
+    assert cells["dsv2.ab-triton"].self_check_p["co-batch"] > 0.01
+
+
+def test_a_broken_reference_is_named_and_the_healthy_cell_is_not_blamed(ray_local, tmp_path):
+    """The reference's prefix-cache hits read the wrong KV rows (only log-probabilities move): against
+    it the healthy cell diverges. The reference fails its own cache check (warm against cold), so
+    the healthy cell is `inconclusive` with "reference broken", never `fail`."""
+    cells = run_with_bug(tmp_path, {"name": "kv", "when": {"attention_backend": "triton"}, "trigger": "prefix_hit",
+                                    "corrupt_probability": [0.9, 0.9], "style": "unchanged"})
+    reference, cell = cells["dsv2.ab-triton"], cells["dsv2.ab-fa3"]
+    assert reference.status.value == "fail" and reference.self_check_p["cache"] < 1e-4, reference.reason
+    assert cell.status.value == "inconclusive" and "reference broken: dsv2.ab-triton is fail" in cell.reason
+    assert cell.self_check_p["cache"] > 0.01  # its own cache is consistent
