@@ -213,6 +213,9 @@ class Verdict(Record):
     launch_sd: float | None = None  # the launch spread (sd, a fraction) the paired tests added; null: none
     launch_sample: LaunchSample | None = None  # this cell's launches, for the run's launch-spread estimate
     decide: str | None = None  # `inconclusive`: what would decide it (another launch, more questions)
+    # The tests that failed it: floor, reference, history, pinned, divergence, early stop,
+    # self-check <name>, evidence <name>, model-wide, reference broken
+    failed: list[str] = []
     # The cell's self-checks (harness.gate.self_checks): check ("co-batch", "cache", "replay") -> its p-value
     self_check_p: dict[str, float] = {}
     # The evidence of a drop accumulated over the cell's nights since it last passed (harness.gate.evidence):

@@ -60,3 +60,30 @@ def test_a_broken_reference_is_named_and_the_healthy_cell_is_not_blamed(ray_loca
     assert reference.status.value == "fail" and reference.self_check_p["cache"] < 1e-4, reference.reason
     assert cell.status.value == "inconclusive" and "reference broken: dsv2.ab-triton is fail" in cell.reason
     assert cell.self_check_p["cache"] > 0.01  # its own cache is consistent
+
+
+def test_a_reference_all_its_cells_diverge_from_alike_is_named_broken(ray_local, tmp_path):
+    """The reference's numbers are off on every request (no cache involved: its self-checks cannot
+    see it); its two cells diverge from it alike and agree with each other: the reference is the
+    failing cell, its cells are `inconclusive` ("reference broken"), and attribution points at it."""
+    world = yaml.safe_load(INCIDENT_WORLD.read_text())
+    world["bugs"] = [{"name": "numbers", "when": {"attention_backend": "triton"}, "trigger": "always",
+                      "corrupt_probability": [0.9, 0.9], "style": "unchanged"}]
+    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
+    suite = {"suite": "named", "engine": "sim", "sim_world": str(tmp_path / "world.yaml"), "num_questions": 60,
+             "concurrency": 16, "stop_grace_s": 1,
+             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
+             "axes": {"attention_backend": ["triton", "fa3", "flashinfer"]}}
+    (tmp_path / "named.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = invoke("run", str(tmp_path / "named.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking",
+                    "--quiet")
+    run_dir = only_run(tmp_path / "results")
+    cells = {c.cell_id: c for c in (CellResult.model_validate_json(line)
+                                    for line in (run_dir / "cells.jsonl").read_text().splitlines())}
+    reference = cells["dsv2.ab-triton"]
+    assert reference.status.value == "fail" and reference.failed == ["reference broken"], reference.reason
+    assert "all 2 of its cells diverge from it" in reference.reason and "agree with one another" in reference.reason
+    for cell_id in ("dsv2.ab-fa3", "dsv2.ab-flashinfer"):
+        assert cells[cell_id].status.value == "inconclusive" and "reference broken" in cells[cell_id].reason
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["attribution"] == "attention_backend=triton" and result.exit_code == 1

@@ -34,6 +34,7 @@ from harness.suite.config import GateSpec
 
 HISTORY_LABEL = "its last runs"  # the cell's answers in its latest earlier runs where it passed, pooled
 PINNED_LABEL = "the pinned run"
+TEST_NAMES = {"reference": "reference", HISTORY_LABEL: "history", PINNED_LABEL: "pinned"}
 MIN_SHARED_SHARE = 0.5  # a paired test on fewer shared questions than this share of the cell's proves little
 
 
@@ -67,6 +68,7 @@ class _Part:
     reason: str | None = None
     undecided: str = ""  # why it leaves the cell open: said only when nothing failed it
     decide: str | None = None  # what would decide it: another launch, more questions
+    test: str = ""  # which test this is (Verdict.failed names the failing ones)
 
 
 def correctness(records: list[QuestionRecord], extraction: str) -> dict[int, bool]:
@@ -124,7 +126,8 @@ def _floor_part(test_answers: Answers, floor: float, alpha: float, tested: bool)
         return _Part(Status.PASS), None
     p = below_floor_p(math.ceil(correct - 1e-9), n, floor)
     if tested and p < alpha:
-        return _Part(Status.FAIL, f"below floor {floor:.4g} on {n} test questions (p={p:.2g} < {alpha:.2g})"), p
+        return _Part(Status.FAIL, f"below floor {floor:.4g} on {n} test questions (p={p:.2g} < {alpha:.2g})",
+                     test="floor"), p
     if correct / n < floor:
         return _Part(Status.INCONCLUSIVE, f"under floor {floor:.4g} on {n} test questions but not "
                                           f"significantly (p={p:.2g})", decide="more test questions"), p
@@ -150,7 +153,7 @@ def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, cell_
               f"gained {_count(paired.gains)}, drop {paired.drop * 100:.1f} pts ({confidence:.1%} bound "
               f"{upper * 100:.1f}), p({null})={paired.p_drop:.2g}")
     if paired.p_drop < alpha:
-        return _Part(Status.FAIL, reason + f" < {alpha:.2g}")
+        return _Part(Status.FAIL, reason + f" < {alpha:.2g}", test=TEST_NAMES[label])
     if upper < gate.min_effect or label == PINNED_LABEL:
         return _Part(Status.PASS, reason)
     if label != "reference" and paired.n < MIN_SHARED_SHARE * cell_n:
@@ -265,16 +268,17 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     floor_part, floor_p = _floor_part(test_answers, floor, alpha, floor_tested)
     parts = [floor_part, *(_paired_part(paired, label, gate, alpha, n, stage.pass_confidence or gate.pass_confidence) for label, paired in found.items())]
     if diverged is not None:  # it can fail the cell, never hold it open (harness.gate.divergence)
-        parts.append(_Part(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha)))
+        parts.append(_Part(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha), test="divergence"))
     checks, not_measured = ([], []) if not stage.self_check_alpha else self_checks(
         first_launch(outcome.questions), divergence_tolerance or gate.divergence.tolerance,
         gate.divergence.healthy_share, gate.tolerance, deterministic, gate.extraction)
     for check in checks:  # each can fail the cell, never hold it open (harness.gate.self_checks)
         check_alpha = stage.self_check_alpha / len(checks)
-        parts.append(_Part(Status.FAIL if check.p < check_alpha else Status.PASS, check.describe(check_alpha)))
+        parts.append(_Part(Status.FAIL if check.p < check_alpha else Status.PASS, check.describe(check_alpha),
+                           test=f"self-check {check.name}"))
     for key, (nights, log_e) in accumulated.items():  # it can fail the cell, never hold it open
         parts.append(_Part(Status.FAIL if rejects(log_e, alpha) else Status.PASS,
-                           describe_evidence(EVIDENCE_LABELS[key], nights, log_e, alpha)))
+                           describe_evidence(EVIDENCE_LABELS[key], nights, log_e, alpha), test=f"evidence {key}"))
     for part in parts:
         status = _worse(status, part.status)
     reasons += [part.reason + (part.undecided if status is not Status.FAIL else "") for part in parts if part.reason]
@@ -296,7 +300,9 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                    correct=correct, ci_low=low, ci_high=high, floor_p=floor_p, floor_n=test_answers.n,
                    floor_correct=round(test_answers.total),
                    launches=max(count, 1), launch_sd=launch_sd if found and launch_sd > 0 else None,
-                   decide=decide, evidence=evidence, self_check_p={check.name: check.p for check in checks},
+                   decide=decide, evidence=evidence,
+                   failed=[*(["early stop"] if outcome.stopped_early else []),
+                           *(part.test for part in parts if part.status is Status.FAIL)], self_check_p={check.name: check.p for check in checks},
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,

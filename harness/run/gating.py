@@ -13,10 +13,18 @@ from dataclasses import dataclass
 from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
+from harness.gate.divergence import divergence_test
 from harness.gate.launches import Answers, SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
 from harness.gate.model_wide import model_wide_test
 from harness.gate.stats import paired_comparison
-from harness.gate.verdict import HISTORY_LABEL, PINNED_LABEL, Stage, judge, pass_confidence_per_stage
+from harness.gate.verdict import (
+    HISTORY_LABEL,
+    PINNED_LABEL,
+    Stage,
+    first_launch,
+    judge,
+    pass_confidence_per_stage,
+)
 from harness.records import CellOutcome, CellResult, LaunchSample, QuestionRecord, Status, Throughput, Verdict
 from harness.results.sinks import FinishedCell, Sinks
 from harness.run.history import History
@@ -299,6 +307,50 @@ class Gating:
                                          "score": score(records, base.score.eval_s + more.score.eval_s)})
         self._answers[cell.cell_id] = merged
 
+    def name_broken_references(self, cells: dict[str, Cell]) -> None:
+        """A reference from which every one of its cells (two or more) diverges alike, while they
+        agree with one another, is the broken one: it fails ("reference broken"), and its cells are
+        judged again without it (`inconclusive` where nothing else failed them). A healthy cell
+        is never `fail` only because it differs from a broken reference."""
+        dependents: dict[str, list[str]] = {}
+        for cell_id, cell in cells.items():
+            if cell.reference_cell and cell_id in self._results:
+                dependents.setdefault(cell.reference_cell, []).append(cell_id)
+        for reference_id, cell_ids in sorted(dependents.items()):
+            reference = self._results.get(reference_id)
+            results = [self._results[c] for c in cell_ids]
+            if (reference is None or reference.status is not Status.PASS or len(results) < 2
+                    or not all(r.failed == ["divergence"] for r in results)):
+                continue
+            agreement = self._agreement([self._answers.get(c) for c in cell_ids])
+            if agreement is None:
+                continue
+            reason = (f"reference broken: all {len(results)} of its cells diverge from it (teacher-forced, "
+                      f"{min(r.divergence_share or 0 for r in results):.0%}-{max(r.divergence_share or 0 for r in results):.0%}"
+                      f" of their questions beyond the tolerance) and agree with one another ({agreement})")
+            outcome = self._answers.get(reference_id)
+            failed = reference.model_copy(update={"status": Status.FAIL, "reason": f"{reason}; {reference.reason}",
+                                                  "failed": ["reference broken"], "decide": None,
+                                                  "stage": self.budget.stages + 1})
+            self._results[reference_id] = self.sinks.cell(FinishedCell(failed, outcome.questions if outcome else []))
+            for cell_id in cell_ids:
+                if cell_id in self._answers:
+                    self.judge(cells[cell_id], self._answers[cell_id], "", stage=self._results[cell_id].stage)
+
+    def _agreement(self, outcomes: list[CellOutcome | None]) -> str | None:
+        """How the first cell's teacher-forced answers compare with each other cell's, when every
+        pair shares questions and has at most the healthy share of them beyond the tolerance."""
+        if any(o is None for o in outcomes):
+            return None
+        first, shares = outcomes[0], []
+        for other in outcomes[1:]:
+            found = divergence_test(first_launch(first.questions), first_launch(other.questions),
+                                    self.gate.divergence.tolerance, self.gate.divergence.healthy_share)
+            if found is None or found.share > self.gate.divergence.healthy_share:
+                return None
+            shares.append(found.share)
+        return f"at most {max(shares):.0%} of their questions beyond the tolerance between them"
+
     def judge_models(self, models: int) -> None:
         """The model-wide tests (harness.gate.model_wide) over every model's cells that were judged
         on answers and are not a regression; a rejected one fails those cells."""
@@ -334,7 +386,8 @@ class Gating:
     def _fail_model_cell(self, result: CellResult, reason: str) -> None:
         outcome = self._answers.get(result.cell_id)
         failed = result.model_copy(update={"status": Status.FAIL, "reason": f"{reason}; {result.reason}",
-                                           "decide": None, "stage": self.budget.stages + 1})
+                                           "decide": None, "stage": self.budget.stages + 1,
+                                           "failed": [*result.failed, "model-wide"]})
         self._results[result.cell_id] = self.sinks.cell(FinishedCell(failed, outcome.questions if outcome else []))
 
     def note(self, cell: Cell, text: str) -> None:

@@ -167,8 +167,10 @@ def self_check_count(inputs: RunInputs) -> int:
 
 
 def decide(inputs: RunInputs, gating: Gating, schedule: Any) -> None:
-    """After the first pass: extend undecided cells, launch them again (both within
-    gate.undecided_budget), then test each model's cells together (harness.gate.model_wide)."""
+    """After the first pass: name references their cells all diverge from alike, extend undecided
+    cells, launch them again (both within gate.undecided_budget), then test each model's cells
+    together (harness.gate.model_wide)."""
+    gating.name_broken_references(inputs.matrix.by_id())
     if gating.extends:
         extend(inputs, gating, schedule)
     relaunch(inputs, gating, schedule)
@@ -295,7 +297,11 @@ def _close(inputs: RunInputs, info: RunInfo, gating: Gating, sinks: Sinks, inter
     cells = inputs.matrix.by_id()
     results = sorted(gating.results().values(), key=lambda r: (r.cell_id not in cells, r.cell_id))
     failing = [cells[r.cell_id].factor_values() for r in results if r.status.is_regression and r.cell_id in cells]
-    passing = [cells[r.cell_id].factor_values() for r in results if r.status is Status.PASS and r.cell_id in cells]
+    # Cells held open only because their reference was named broken (Gating.name_broken_references)
+    # agree with one another: they are the contrast that points attribution at the reference.
+    broken = {r.cell_id for r in results if "reference broken" in r.failed}
+    passing = [cells[r.cell_id].factor_values() for r in results if r.cell_id in cells and (
+        r.status is Status.PASS or (r.status is Status.INCONCLUSIVE and cells[r.cell_id].reference_cell in broken))]
     explanation = explain(failing, passing)
     exit_code = ExitCode.INTERRUPTED if interrupted else run_exit_code([r.status for r in results])
     info = closed_run_info(info, results, exit_code, interrupted=interrupted,
