@@ -13,8 +13,10 @@ from tests.helpers import ROOT, machine_s
 QUICK = {
     "divergence.py": ("incident cells: questions needed to decide", "a bug that changes no final answer",
                       "healthy nights (no bug)"),
-    "gate_calibration.py": ("size at the margin", "early stop (pr", "healthy: red (first night)", "3-pt drop: passed",
-                            "drift 0.5 pt/night, pinned: caught by night 4"),
+    "gate_calibration.py": ("size at the margin", "early stop (pr", "healthy: red (first night)",
+                            "3-pt drop: red (with history)", "red within 3 night(s)", "launch_sd, the gate",
+                            "drift 0.5 pt/night (one cell): red by night 4", "drift 0.5 pt/night (model-wide)"),
+    "self_checks.py": ("self-checks:", "kv on hits", "healthy cells failed"),
     "scheduling.py": ("== first run", "makespan / lower bound", "== next run", "== early stop"),
     "driver_load.py": ("cells finished: 8 of 8", "driver peak memory"),
     "orphan_sweep.py": ("the scan, median of", "us a process"),
