@@ -78,7 +78,8 @@ class Budget:
     def describe(self) -> str:
         """One line for run.json and the README: where the budget goes."""
         text = (f"alpha {self.alpha:g} over {self.cells} cells ({self.per_cell:.2g} each): early stop "
-                f"{self.early_stop:.2g}, planned questions {self.stage(1):.2g}")
+                f"{self.early_stop:.2g}, " + (f"self-checks {self.self_check:.2g}, " if self.self_check_share else "")
+                + f"planned questions {self.stage(1):.2g}")
         if self.stages > 1:
             text += f", each of {self.stages - 1} later stage(s) {self.stage(2):.2g}"
         if self.model_share:
