@@ -166,6 +166,9 @@ class CellOutcome(Record):
     log_tail: str = ""
     timings: Timings = Timings()
     stopped_early: str | None = None
+    # Why the configuration the cell is labelled with could not be checked (an engine that reports
+    # none): the cell is judged, and its reason says so.
+    unverified: str | None = None
 
 
 class LaunchSample(Record):

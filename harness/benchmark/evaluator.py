@@ -29,9 +29,16 @@ from typing import Any
 import aiohttp
 
 from harness.benchmark.base import Prompt, ProtocolPlan
-from harness.benchmark.http import ANSWER_LIMIT_BYTES, BodyTooLarge, bounded_body, bounded_json, redirect_of
+from harness.benchmark.http import (
+    ANSWER_LIMIT_BYTES,
+    BodyTooLarge,
+    bounded_body,
+    bounded_json,
+    flush_cache,
+    redirect_of,
+)
 from harness.benchmark.scoring import score
-from harness.records import QuestionRecord, Score, TeacherForced
+from harness.records import QuestionRecord, Replay, Score, TeacherForced
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
@@ -359,27 +366,31 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
         ordered = await asking.run(send, teacher_send)
         elapsed = time.perf_counter() - asking.started  # the evaluation's own time (its throughput)
         if settings.self_checks and not asking.stop.is_set():
-            from harness.benchmark.self_checks import run_self_checks
-
-            flush = functools.partial(_flush, session, base_url + settings.flush_route) if settings.flush_route else None
-            ordered = await run_self_checks(teacher_send, flush, plan, ordered, settings)
+            ordered = await _self_checks(session, base_url, teacher_send, plan, ordered, settings)
     return score(ordered, elapsed), ordered
 
 
-async def _flush(session: aiohttp.ClientSession, url: str) -> str | None:
-    """Empty the server's prefix cache; None once it says so, else why not (after a few tries:
-    sglang refuses while requests are still running)."""
-    from harness.benchmark.self_checks import FLUSH_ATTEMPTS
+async def _self_checks(session: aiohttp.ClientSession, base_url: str, send: Sender, plan: ProtocolPlan,
+                       records: list[QuestionRecord], settings: EvalSettings) -> list[QuestionRecord]:
+    """The cell's sampled questions asked again inside it (harness.benchmark.self_checks)."""
+    from harness.benchmark.self_checks import run_self_checks
 
-    said = ""
-    for attempt in range(FLUSH_ATTEMPTS):
-        try:
-            async with session.post(url, allow_redirects=False) as response:
-                said = (await bounded_body(response, 4096)).decode(errors="replace").strip()[:200]
-                if response.status == 200:
-                    return None
-                said = f"HTTP {response.status}: {said}"
-        except (aiohttp.ClientError, asyncio.TimeoutError, BodyTooLarge) as error:
-            said = f"{type(error).__name__}: {error}"
-        await asyncio.sleep(0.2 * (attempt + 1))
-    return f"the prefix cache could not be flushed ({said})"
+    prompts = {p.index: p for p in plan.prompts}
+
+    async def teacher(record: QuestionRecord) -> TeacherForced:
+        body = teacher_body(prompts[record.index], record.teacher.start if record.teacher else 0)
+        attempted = await _with_retries(send, "/generate", body, TEACHER, settings)
+        return attempted.result if attempted.result is not None else TeacherForced(error=attempted.error)
+
+    async def answer(record: QuestionRecord) -> Replay:
+        route, body = request_body(plan, prompts[record.index], settings.model_name)
+        attempted = await _with_retries(send, route, body, plan.endpoint, settings)
+        if attempted.result is None:
+            return Replay(error=attempted.error)
+        grade = plan.grade(attempted.result.text, record.gold)
+        return Replay(pred=grade.pred, correct=grade.correct, correct_strict=grade.correct_strict,
+                      output=attempted.result.text, cached_tokens=attempted.result.cached_tokens)
+
+    flush = functools.partial(flush_cache, session, base_url + settings.flush_route) if settings.flush_route else None
+    return await run_self_checks(teacher, answer, flush, records, settings.self_checks, settings.self_check_seed,
+                                 settings.concurrency)

@@ -8,6 +8,7 @@ it would score another server under this one's name.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -44,3 +45,20 @@ async def bounded_body(response: aiohttp.ClientResponse, limit: int) -> bytes:
 async def bounded_json(response: aiohttp.ClientResponse, limit: int) -> Any:
     """The body as JSON (ValueError when it is not), read under `limit`."""
     return json.loads(await bounded_body(response, limit))
+
+
+async def flush_cache(session: aiohttp.ClientSession, url: str, attempts: int = 10) -> str | None:
+    """POST the server's cache-flush route; None once it says it flushed, else why not (after
+    `attempts` tries: sglang refuses while requests are still running)."""
+    said = ""
+    for attempt in range(attempts):
+        try:
+            async with session.post(url, allow_redirects=False) as response:
+                said = (await bounded_body(response, 4096)).decode(errors="replace").strip()[:200]
+                if response.status == 200:
+                    return None
+                said = f"HTTP {response.status}: {said}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, BodyTooLarge) as error:
+            said = f"{type(error).__name__}: {error}"
+        await asyncio.sleep(0.2 * (attempt + 1))
+    return f"the prefix cache could not be flushed ({said})"

@@ -23,15 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
-from harness.benchmark.base import ProtocolPlan
 from harness.records import QuestionRecord, Replay, SelfChecks, TeacherForced
-
-if TYPE_CHECKING:
-    from harness.benchmark.evaluator import EvalSettings, Sender
-
-FLUSH_ATTEMPTS = 10  # sglang refuses a flush while requests run; the evaluation's last ones may still finish
 
 
 def sample(records: list[QuestionRecord], count: int, seed: int) -> list[int]:
@@ -42,47 +36,29 @@ def sample(records: list[QuestionRecord], count: int, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(eligible, min(count, len(eligible))))
 
 
-async def run_self_checks(send: Sender, flush: callable, plan: ProtocolPlan, records: list[QuestionRecord],
-                          settings: EvalSettings) -> list[QuestionRecord]:
-    """`records` with `checks` filled in for the sampled questions (see the module docstring).
-    `flush`: an async callable that empties the server's prefix cache (None: no flush route)."""
-    from harness.benchmark.evaluator import TEACHER, _with_retries, request_body, teacher_body
-
-    chosen = sample(records, settings.self_checks, settings.self_check_seed)
-    prompts = {p.index: p for p in plan.prompts}
+async def run_self_checks(teacher: Callable[[QuestionRecord], Awaitable[TeacherForced]],
+                          answer: Callable[[QuestionRecord], Awaitable[Replay]],
+                          flush: Callable[[], Awaitable[str | None]] | None, records: list[QuestionRecord],
+                          count: int, seed: int, concurrency: int) -> list[QuestionRecord]:
+    """`records` with `checks` filled in for `count` sampled questions (see the module docstring):
+    `teacher` scores a record's teacher text again, `answer` asks its question again, `flush`
+    empties the server's prefix cache (None: no flush route; None back: flushed, else why not)."""
+    chosen = sample(records, count, seed)
     checks: dict[int, dict] = {position: {} for position in chosen}
-
-    async def teacher(position: int) -> TeacherForced:
-        record = records[position]
-        body = teacher_body(prompts[record.index], record.teacher.start)
-        attempted = await _with_retries(send, "/generate", body, TEACHER, settings)
-        return attempted.result if attempted.result is not None else TeacherForced(error=attempted.error)
-
     for position in chosen:
-        checks[position]["alone"] = await teacher(position)
-
-    async def replay(position: int) -> None:
-        record = records[position]
-        route, body = request_body(plan, prompts[record.index], settings.model_name)
-        attempted = await _with_retries(send, route, body, plan.endpoint, settings)
-        if attempted.result is None:
-            checks[position]["replay"] = Replay(error=attempted.error)
-            return
-        grade = plan.grade(attempted.result.text, record.gold)
-        checks[position]["replay"] = Replay(pred=grade.pred, correct=grade.correct, correct_strict=grade.correct_strict,
-                                            output=attempted.result.text, cached_tokens=attempted.result.cached_tokens)
-
+        checks[position]["alone"] = await teacher(records[position])
     queue = list(chosen)
 
     async def worker() -> None:
         while queue:
-            await replay(queue.pop())
+            position = queue.pop()
+            checks[position]["replay"] = await answer(records[position])
 
-    await asyncio.gather(*(worker() for _ in range(min(settings.concurrency, len(queue)))))
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(queue)))))
     if flush is not None:
         for position in chosen:
             problem = await flush()
-            checks[position]["cold"] = await teacher(position) if problem is None else TeacherForced(error=problem)
+            checks[position]["cold"] = await teacher(records[position]) if problem is None else TeacherForced(error=problem)
     updated = list(records)
     for position, found in checks.items():
         updated[position] = updated[position].model_copy(update={"checks": SelfChecks(**found)})

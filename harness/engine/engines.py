@@ -1,14 +1,18 @@
 """Server engines behind one interface, and the registry that names them.
 
-An `Engine` is everything that differs between server programs the matrix can launch: the module
-`python -m` starts, the environment its servers need, how to read which attention backends it
-accepts, whether it has a plan-time check, its readiness and configuration routes, and, for
-`regress bisect`, how to list and build commits. The command line itself (model, host, port, tp,
-seed, the cell's flags) is sglang's and shared (`harness.engine.launch.LaunchSpec.argv`).
+An `Engine` is everything that differs between server programs the matrix can launch: its command
+line (model, port, tp, seed and the cell's configuration, in its own spelling) and the flags and
+environment a platform needs, the environment its servers need, how to read which attention
+backends it accepts, whether it has a plan-time check, its readiness, configuration (none: "not
+reported") and cache-flush routes, whether it scores teacher-forced text, and, for `regress bisect`,
+how to list and build commits. What a worker needs of it travels as data
+(`harness.engine.launch.EngineRoutes`, and the command line in `LaunchSpec.command`), so a worker
+runs an engine whose registration it never imported.
 
 Two are built in: `sglang` (the real server) and `sim` (the simulator, `harness.sim`, which takes
 sglang's flags and serves its routes). Adding one is one module with a subclass and
-`ENGINES.add(name, instance)`; `tests/engine/test_engines.py` runs a toy engine through a cell.
+`ENGINES.add(name, instance)`; `tests/engine/test_engines.py` runs a toy engine of its own spelling,
+with no configuration route and no teacher forcing, through `regress run` into MLflow.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from harness.errors import ConfigError
 from harness.registry import Registry
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Cell
+
+LOOPBACK = "127.0.0.1"
 
 _SGLANG_BACKENDS_PROBE = """
 import argparse, json
@@ -41,9 +47,12 @@ print(json.dumps(list(action.choices)))
 """
 
 
+PYTHON, PORT, NCCL_PORT = "{python}", "{port}", "{nccl_port}"  # what a worker fills in (LaunchSpec.argv)
+
+
 class Engine:
     """A server program the matrix launches. Subclasses set the class attributes and override what
-    differs; the defaults are sglang's."""
+    differs; `command` has no default: an engine spells its own command line."""
 
     launch_module: ClassVar[str]
     # Python that prints `--attention-backend`'s choices as JSON (run under the servers' interpreter).
@@ -54,12 +63,28 @@ class Engine:
     health_route: ClassVar[str] = "/health_generate"  # 200 once the server generates
     info_routes: ClassVar[tuple[str, ...]] = ("/server_info", "/get_server_info")  # the resolved arguments
     flush_route: ClassVar[str | None] = "/flush_cache"  # empties the prefix cache (self-checks); None: none
+    # Whether it scores a given continuation teacher-forced (sglang's /generate with return_logprob):
+    # the divergence test and the self-checks need it; without, they are "not measured".
+    teacher_forcing: ClassVar[bool] = True
     # Log lines that mean the server is dead even while its launcher still runs (sglang's launcher waits
     # ~60 s "for CUDA coredumps", even on a CPU, after a scheduler crashed): the cell fails at once.
     crash_markers: ClassVar[tuple[str, ...]] = ()
 
     def validate(self, loaded: LoadedSuite) -> None:
         """ConfigError for a suite this engine cannot run, before anything is launched."""
+
+    def command(self, cell: Cell, seed: int, platform_flags: tuple[str, ...] = ()) -> list[str]:
+        """The server's command line, with PYTHON, PORT and NCCL_PORT where the worker fills in its
+        interpreter and the ports it picked."""
+        raise NotImplementedError(f"{type(self).__name__} must spell its command line (Engine.command)")
+
+    def platform_flags(self, loaded: LoadedSuite) -> tuple[str, ...]:
+        """Flags the suite's platform (`cluster.platform`) needs, before the cell's own."""
+        return ()
+
+    def platform_environment(self, platform: str, devices: tuple[str, ...] | None) -> dict[str, str]:
+        """Variables that give the server its devices (the scheduler's choice wins over anything inherited)."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices is not None else {}
 
     def environment(self, loaded: LoadedSuite, data_source: str | None) -> dict[str, str]:
         """Variables every server of the suite gets (the model's and the cell's GPUs come after)."""
@@ -86,13 +111,53 @@ class Engine:
         return probe_loaded, replace(cell, reference_cell=None)
 
 
+class SglangCommandLine:
+    """sglang's `launch_server` command line and its CPU platform, shared by the real server and the
+    simulator (which takes the same flags)."""
+
+    launch_module: ClassVar[str]
+
+    def command(self, cell: Cell, seed: int, platform_flags: tuple[str, ...] = ()) -> list[str]:
+        """`<python> -m <module> --model-path M --host 127.0.0.1 --port P --tp-size N --random-seed S
+        --nccl-port Q --enable-cache-report [--trust-remote-code] <platform flags> <cell flags> <model extra args>`."""
+        model = cell.model
+        argv = [PYTHON, "-m", self.launch_module, "--model-path", model.path, "--host", LOOPBACK, "--port", PORT,
+                "--tp-size", str(model.tp), "--random-seed", str(seed), "--nccl-port", NCCL_PORT,
+                # the OpenAI routes then report the cached prompt tokens: the proof a radix cell used its cache
+                "--enable-cache-report"]
+        if model.trust_remote_code:
+            argv.append("--trust-remote-code")
+        return argv + list(platform_flags) + list(cell.flags) + list(model.extra_args)
+
+    def platform_flags(self, loaded: LoadedSuite) -> tuple[str, ...]:
+        """On `cpu`, what keeps a CPU machine alive under sglang's CPU backend (measured on 2-core
+        machines, sglang 0.5.23): a KV cache sized for the suite's load instead of 0.716 of host RAM
+        (`--max-total-tokens`: every request in flight at its longest, prompt budget 1,024 tokens),
+        no busy-polling idle scheduler (`--sleep-on-idle`: an idle one took 20-80% of a core), and
+        sglang's CPU docs' `--disable-overlap-schedule`."""
+        suite = loaded.suite
+        if suite.cluster.platform != "cpu":
+            return ()
+        tokens = min(suite.concurrency, 64) * (suite.max_tokens + 1024)
+        return ("--device", "cpu", "--disable-overlap-schedule", "--sleep-on-idle", "--max-total-tokens", str(tokens))
+
+    def platform_environment(self, platform: str, devices: tuple[str, ...] | None) -> dict[str, str]:
+        """On `cpu`, sglang's CPU engine, each tp rank's threads bound to one of the cell's slots."""
+        if platform != "cpu":
+            return {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices is not None else {}
+        found = {"SGLANG_USE_CPU_ENGINE": "1"}
+        if devices is not None:
+            found["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(devices)
+        return found
+
+
 # What asyncio's create_server raises, and uvicorn logs, when the HTTP port is taken. sglang 0.5.23
 # does not exit on it: its process lives on until its warmup thread gives up on its own port (124 s
 # in the real-engine suite), so a start that waited for the exit would retry on another port that late.
 PORT_BIND_FAILURE = "error while attempting to bind on address"
 
 
-class SglangEngine(Engine):
+class SglangEngine(SglangCommandLine, Engine):
     """The real server: `python -m sglang.launch_server`."""
 
     launch_module = "sglang.launch_server"
@@ -104,7 +169,7 @@ class SglangEngine(Engine):
                      "SIGQUIT received.", "scheduler died during initialization", PORT_BIND_FAILURE)
 
 
-class SimEngine(Engine):
+class SimEngine(SglangCommandLine, Engine):
     """The simulator (`harness.sim`): sglang's flags and routes over a world file's decisions."""
 
     launch_module = "harness.sim"

@@ -319,14 +319,17 @@ class ServerProcess:
                 delay = min(delay * 1.5, 0.25)
 
     async def server_info(self) -> dict[str, Any]:
-        """The resolved server arguments and version: `/server_info`, else `/get_server_info`."""
+        """The resolved server arguments and version: the engine's info routes in turn (sglang's
+        `/server_info`, else `/get_server_info`); {} for an engine that has none."""
+        if not self.spec.engine.info_routes:
+            return {}
         try:
             info = await read_server_info(self.base_url, self.spec.engine.info_routes)
         except ServerError as error:
             raise ServerError(str(error), kind=ErrorKind.SERVER_INFO, log_tail=tail(self.log_path)) from None
         if info is None:
-            raise ServerError("the server answers neither /server_info nor /get_server_info", kind=ErrorKind.SERVER_INFO,
-                              log_tail=tail(self.log_path))
+            raise ServerError(f"the server answers none of {', '.join(self.spec.engine.info_routes)}",
+                              kind=ErrorKind.SERVER_INFO, log_tail=tail(self.log_path))
         return info
 
     async def guard(self, work: Awaitable[T], progress: Callable[[], float] | None = None,

@@ -291,6 +291,11 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     if reference_problem:
         reasons.append(reference_problem)
     reasons += not_measured
+    if stage.self_check_alpha and not checks and not not_measured:
+        reasons.append("self-checks not measured (no sampled question was scored teacher-forced)")
+    if (gate.divergence.enabled and reference is not None and diverged is None and not reference_problem
+            and not any(r.teacher for r in outcome.questions)):
+        reasons.append("divergence vs reference not measured (no question was scored teacher-forced)")
     decide = None
     if status is Status.INCONCLUSIVE:
         decide = ("a reference that can vouch for it" if reference_problem and not any(p.decide for p in parts)

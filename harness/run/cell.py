@@ -81,9 +81,14 @@ async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info
     version = raw_info.get("version")
     info = info.model_copy(update={"version": None if version is None else str(version), "port": server.port,
                                    "resolved": raw_info})
-    problems = mismatches(cell.expected, raw_info, server.argv)
-    if problems:
-        return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, mismatches=problems)
+    unverified = None
+    if job.spec.engine.info_routes:
+        problems = mismatches(cell.expected, raw_info, server.argv)
+        if problems:
+            return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, mismatches=problems)
+    elif cell.expected:
+        unverified = (f"resolved configuration not reported (engine {job.spec.engine.name} has no configuration "
+                      f"route): {', '.join(sorted(cell.expected))} not checked")
     watch = _Watch(job.early_stop, job.divergence_stop)
     score, records = await server.guard(
         evaluate(server.base_url, plan, job.settings, on_progress=watch.on_progress, should_stop=watch.should_stop),
@@ -91,7 +96,7 @@ async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info
     timings["eval_s"] = score.eval_s
     unexercised = exercise_mismatches(cell.expected, records)
     return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, score=score, questions=records,
-                       stopped_early=watch.stop_reason, mismatches=unexercised)
+                       stopped_early=watch.stop_reason, mismatches=unexercised, unverified=unverified)
 
 
 async def run_cell(job: CellJob, plan: ProtocolPlan, log_dir: Path, node: str) -> tuple[CellOutcome, str]:

@@ -166,6 +166,8 @@ class Gating:
                         deterministic=cell.expected.get("enable_deterministic_inference") is True)
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
+        if outcome.unverified:
+            verdict = verdict.model_copy(update={"reason": f"{verdict.reason}; {outcome.unverified}"})
         predicted = self.predicted.get(cell.cell_id, {})
         surprises = prediction_misses(predicted, outcome.server.resolved)
         if surprises:

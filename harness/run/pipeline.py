@@ -115,8 +115,10 @@ class CellJobs:
         spec = cell_launch_spec(self.inputs.loaded, cell, self.inputs.data.source, devices=devices)
         settings = EvalSettings(concurrency=suite.concurrency, request_timeout_s=suite.request_timeout_s,
                                 max_attempts=suite.request_attempts, question_deadline_s=suite.question_deadline_s,
-                                model_name="default", teacher_forcing=suite.gate.divergence.enabled,
-                                self_checks=self_check_count(self.inputs) if self.looks else 0,
+                                model_name="default",
+                                teacher_forcing=suite.gate.divergence.enabled and spec.engine.teacher_forcing,
+                                self_checks=self_check_count(self.inputs) if self.looks and spec.engine.teacher_forcing
+                                else 0,
                                 self_check_seed=suite.seed, flush_route=spec.engine.flush_route)
         early_stop = divergence_stop = None
         budget = run_budget(self.inputs)

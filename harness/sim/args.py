@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser, backends: list[str] | None = 
     add("--cuda-graph-max-bs", type=int, default=None)
     add("--disable-cuda-graph", action="store_true")
     add("--kv-cache-dtype", default="auto")
-    # sglang's CPU backend (a suite's `cluster.platform: cpu`, harness.engine.launch.cpu_flags).
+    # sglang's CPU backend (a suite's `cluster.platform: cpu`, SglangCommandLine.platform_flags in harness.engine.engines).
     add("--device", default="cuda")
     add("--disable-overlap-schedule", action="store_true")
     add("--sleep-on-idle", action="store_true")

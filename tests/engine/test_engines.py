@@ -11,12 +11,13 @@ import pytest
 
 from harness.benchmark.evaluator import EvalSettings
 from harness.benchmark.gsm8k.protocol import build_plan
-from harness.engine.engines import ENGINES, PORT_BIND_FAILURE, SimEngine
+from harness.engine.engines import ENGINES, PORT, PORT_BIND_FAILURE, PYTHON, Engine, SimEngine
 from harness.engine.launch import EngineRoutes, LaunchSpec, cell_launch_spec
 from harness.errors import ConfigError
+from harness.records import CellResult
 from harness.run.build import load_matrix
 from harness.run.cell import CellJob, run_cell
-from tests.helpers import INCIDENT_WORLD, machine_s, make_cell
+from tests.helpers import INCIDENT_WORLD, ROOT, machine_s, make_cell
 
 SUITE = f"""
 suite: t
@@ -109,3 +110,46 @@ def test_a_backend_name_that_cannot_name_a_cell_is_refused():
     with pytest.raises(InfraError, match="cannot name a cell"):
         accepted_attention_backends(probe, sys.executable, {})
     assert accepted_attention_backends("print('[\"triton\", \"fa3\"]')", sys.executable, {}) == ("triton", "fa3")
+
+
+class ToyEngine(Engine):
+    """A second engine, not the simulator's: its own program and flag spelling, ready on `/health`,
+    no configuration route (its resolved configuration is "not reported"), no teacher forcing."""
+
+    launch_module = "toy_server"
+    health_route = "/health"
+    info_routes = ()
+    flush_route = None
+    teacher_forcing = False
+
+    def command(self, cell, seed, platform_flags=()):
+        kernel = cell.factors.get("kernel", "plain")  # a custom axis: the engine spells its values itself
+        return [PYTHON, str(ROOT / "tests" / "fixtures" / "toy_server.py"), "--weights", cell.model.path,
+                "--listen", PORT, "--shards", str(cell.model.tp), "--attn", kernel]
+
+
+def test_a_second_engine_of_its_own_spelling_runs_a_cell_through_regress_run_into_mlflow(ray_local, tmp_path):
+    """What the seam promises: launch.py, server.py and the evaluator speak of no engine by name. The
+    toy's cells are judged; what it could not say (its configuration, teacher-forced text) is said
+    to be unchecked, never passed."""
+    from tests.test_run_end_to_end import children_of, invoke, mlflow_runs, only_run
+
+    suite = tmp_path / "toy.yaml"
+    suite.write_text("suite: toy\nengine: toy\nnum_questions: 12\nconcurrency: 4\nstop_grace_s: 2\n"
+                     "models: [{id: m, path: some/model, floor: 0.0, startup_timeout_s: 120}]\n"
+                     "axes: {kernel: {a: [], b: []}}\n")
+    with ENGINES.registered("toy", ToyEngine()):
+        result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"))
+    run_dir = only_run(tmp_path / "results")
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    cell = cells["m.kernel-b"]
+    assert cell.args[1:] == [str(ROOT / "tests" / "fixtures" / "toy_server.py"), "--weights", "some/model", "--listen",
+                             cell.args[5], "--shards", "1", "--attn", "b"]
+    assert cell.n == 12 and cell.correct == 0 and cell.status.value != "error"  # answered, graded, judged
+    assert "resolved configuration not reported (engine toy has no configuration route): tp_size not checked" \
+        in cell.reason and cell.resolved == {}
+    assert "divergence vs reference not measured (no question was scored teacher-forced)" in cell.reason
+    assert cell.divergence_p is None and cell.self_check_p == {}
+    children = children_of(mlflow_runs(tmp_path / "results", "toy"))
+    assert sorted(c.data.tags["cell_id"] for c in children) == ["m.kernel-a", "m.kernel-b"]
+    assert result.exit_code in (0, 3), result.output
