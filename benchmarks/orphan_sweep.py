@@ -1,5 +1,5 @@
 """What does the sweep for orphaned server processes cost a cell? Before each cell a slot reads the
-environment of every process on its node (`harness.engine.server.orphaned_server_pids`) to find the
+environment of every process on its node (`harness.engine.orphans.orphaned_server_pids`) to find the
 servers whose launcher is gone; a GPU node runs far more processes than this machine.
 
     .venv/bin/python benchmarks/orphan_sweep.py [--processes 500 2000] [--env-bytes 4096]
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.engine.server import orphaned_server_pids  # noqa: E402
+from harness.engine.orphans import orphaned_server_pids  # noqa: E402
 
 
 def process_count() -> int:

@@ -25,6 +25,7 @@ LONGEST_FIRST = (
     "tests/test_interrupt.py",  # 90 s
     "tests/test_pr_and_bisect.py",  # 95 s
     "tests/engine/test_cluster.py",  # 62 s: a second Ray node
+    "tests/test_self_checks.py",  # four simulated runs of 320 questions with their self-checks (not yet timed in a suite run)
     "tests/test_faults.py",  # 100 s
     "tests/engine/test_sglang_check.py",  # 49 s: real sglang's parser
 )

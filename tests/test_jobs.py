@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.analysis.night import assess
+from harness.analysis.assess import assess
 from harness.records import CellResult, Status
 from tests.helpers import INCIDENT_WORLD, ROOT, machine_s
 from tests.records import result as a_result

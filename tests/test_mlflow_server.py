@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.engine.server import free_port
+from harness.engine.ports import free_port
 from harness.records import RunInfo
 from harness.results.mlflow_layout import mlflow_client
 from harness.results.tracking import NIGHTS_VIEW, cells_view_url, view_url

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.engine.server import free_port
+from harness.engine.ports import free_port
 from harness.run.ray.jobs import Submission, entrypoint, runtime_env_for
 from tests.helpers import ROOT, machine_s
 from tests.test_faults import processes_mentioning

@@ -64,7 +64,7 @@ class EvalSettings:
     # prefix cache (None: the cold check is not made).
     self_checks: int = 0
     self_check_seed: int = 0
-    flush_route: str | None = "/flush_cache"
+    flush_route: str | None = None
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,7 @@ async def _ask(send: Sender, plan: ProtocolPlan, prompt: Prompt, settings: EvalS
                           cached_tokens=answer.cached_tokens, teacher=teacher)
 
 
-class _Asking:
+class _QuestionQueue:
     """The questions of one evaluation: handed out in plan order to `concurrency` workers, answers
     collected, progress reported, and everything stopped once `should_stop` says so."""
 
@@ -347,7 +347,7 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
     (the sequential gate uses it). Records come back in the plan's question order.
     """
     base_url = base_url.rstrip("/")
-    asking = _Asking(plan, settings, on_progress, should_stop)
+    asking = _QuestionQueue(plan, settings, on_progress, should_stop)
     connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=settings.concurrency)
     timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else None

@@ -140,7 +140,7 @@ def assess(
 
     Example: `regress assess latest:nightly` (what jobs/run_and_report.sh ends with)
     """
-    from harness.analysis.night import assess as assess_run
+    from harness.analysis.assess import assess as assess_run
     from harness.records import latest_per_cell
     from harness.results.catalog import resolve_run
 

@@ -45,7 +45,7 @@ def eval_server(
     from harness.benchmark.evaluator import EvalSettings
     from harness.results.tracking import default_tracking_uri
     from harness.run.build import QuestionsRequest, questions
-    from harness.run.external import EvalRequest, run_eval
+    from harness.run.eval_server import EvalRequest, run_eval
     from harness.suite.config import GateSpec
 
     at_least_one("--num-questions", num_questions)

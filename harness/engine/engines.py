@@ -28,6 +28,10 @@ from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Cell
 
 LOOPBACK = "127.0.0.1"
+# sglang's routes, every engine's defaults (written once: Engine, EngineRoutes and the readers take them)
+HEALTH_ROUTE = "/health_generate"  # 200 once the server generates
+INFO_ROUTES = ("/server_info", "/get_server_info")  # the resolved arguments (newer sglang, then older)
+FLUSH_ROUTE = "/flush_cache"
 
 _SGLANG_BACKENDS_PROBE = """
 import argparse, json
@@ -60,9 +64,9 @@ class Engine:
     # Whether `regress run` asks this engine's own parser and resolution about every cell before any
     # GPU is held (`harness.engine.check`): only a real sglang has that resolution to ask.
     checks_at_plan_time: ClassVar[bool] = False
-    health_route: ClassVar[str] = "/health_generate"  # 200 once the server generates
-    info_routes: ClassVar[tuple[str, ...]] = ("/server_info", "/get_server_info")  # the resolved arguments
-    flush_route: ClassVar[str | None] = "/flush_cache"  # empties the prefix cache (self-checks); None: none
+    health_route: ClassVar[str] = HEALTH_ROUTE
+    info_routes: ClassVar[tuple[str, ...]] = INFO_ROUTES  # (): the engine reports no resolved configuration
+    flush_route: ClassVar[str | None] = FLUSH_ROUTE  # empties the prefix cache (self-checks); None: none
     # Whether it scores a given continuation teacher-forced (sglang's /generate with return_logprob):
     # the divergence test and the self-checks need it; without, they are "not measured".
     teacher_forcing: ClassVar[bool] = True

@@ -11,7 +11,18 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from harness.engine.engines import ENGINES, LOOPBACK, NCCL_PORT, PORT, PYTHON, Engine, engine_of
+from harness.engine.engines import (
+    ENGINES,
+    FLUSH_ROUTE,
+    HEALTH_ROUTE,
+    INFO_ROUTES,
+    LOOPBACK,
+    NCCL_PORT,
+    PORT,
+    PYTHON,
+    Engine,
+    engine_of,
+)
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Cell
 
@@ -27,10 +38,10 @@ class EngineRoutes:
 
     name: str
     launch_module: str
-    health_route: str = "/health_generate"
-    info_routes: tuple[str, ...] = ("/server_info", "/get_server_info")
+    health_route: str = HEALTH_ROUTE
+    info_routes: tuple[str, ...] = INFO_ROUTES
     crash_markers: tuple[str, ...] = ()
-    flush_route: str | None = "/flush_cache"
+    flush_route: str | None = FLUSH_ROUTE
     teacher_forcing: bool = True
 
     @classmethod

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,50 +21,16 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from harness.benchmark.http import INFO_LIMIT_BYTES, BodyTooLarge, bounded_json, redirect_of
 from harness.engine.launch import LOOPBACK, LaunchSpec
+from harness.engine.orphans import LAUNCHER_PID_VAR, group_members
+from harness.engine.ports import free_port, listens_on
+from harness.engine.server_info import read_server_info
 from harness.errors import ErrorKind, ServerError
 
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
 STARTUP_PROBE_TIMEOUT_S = 5.0
 _ADDRESS_IN_USE = ("address already in use", "errno 98", "address in use")
-
-
-# Server ports are drawn from below the kernel's ephemeral range and above Ray's worker ports
-# (10002-19999 by default). A port the kernel hands out (bind to port 0) comes from the ephemeral
-# range, where every other process's port-0 listeners land meanwhile: a tp-2 CPU sglang's schedulers
-# alone opened 32 listening sockets there as they started (`ss -tlnp`), before its HTTP bind, and
-# twice a real-engine run's tp-2 server found its kernel-picked port taken at bind (Errno 98: it is
-# stopped and relaunched, ~40 s lost). Picked here, a port can only be lost to an explicit bind.
-PORTS_ABOVE = 20000
-EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_PORT_DRAW = random.SystemRandom()  # from the OS: no seed set in a worker makes two workers draw alike
-
-
-def _ephemeral_low() -> int | None:
-    try:
-        return int(EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def free_port(host: str = LOOPBACK, attempts: int = 64) -> int:
-    """A port that is free on this node now (the server binds it moments later; a lost race is
-    detected from the log and retried on another port): a random one between PORTS_ABOVE and the
-    ephemeral range, else (no such gap on this machine, or none free) one the kernel picks."""
-    low = _ephemeral_low()
-    candidates = range(PORTS_ABOVE, low) if low is not None and low - PORTS_ABOVE >= 1000 else range(0)
-    for port in _PORT_DRAW.sample(candidates, min(attempts, len(candidates))):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 # The server inherits a parent-death signal from this one-line launcher, which sets it in its own
@@ -92,51 +56,6 @@ def _with_death_signal(argv: list[str]) -> list[str]:
     return [argv[0], "-c", _DEATH_SIGNAL_LAUNCHER, str(os.getpid()), *argv]
 
 
-# Every process of a launched server (sglang's schedulers and detokenizer too) inherits the pid of
-# the process that launched it, so that those the parent-death signal misses can be found. Seen once:
-# sglang's detokenizer, which arms a parent-death signal of its own as it starts, still running (its
-# parent pid 1) an hour after a test session was aborted while its server started.
-LAUNCHER_PID_VAR = "REGRESS_LAUNCHER_PID"
-
-
-def orphaned_server_pids() -> list[int]:
-    """The processes whose environment this process may read (its user's; root: all) that carry
-    LAUNCHER_PID_VAR naming a process that no longer exists."""
-    needle = f"{LAUNCHER_PID_VAR}=".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:  # gone meanwhile, or another user's
-            continue
-        launcher = next((item[len(needle):] for item in environ.split(b"\0") if item.startswith(needle)), b"")
-        if launcher.isdigit() and not process_exists(int(launcher)):
-            found.append(int(entry))
-    return found
-
-
-def kill_orphaned_servers() -> list[int]:
-    """SIGKILL the processes of servers whose launcher is gone (`orphaned_server_pids`); their pids."""
-    killed = orphaned_server_pids()
-    for pid in killed:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    return killed
-
-
-def process_exists(pid: int) -> bool:
-    """Whether a process has this pid (one this process may not signal counts: it exists)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def health_probe_timeout_s(env: dict[str, str]) -> float:
     """How long a hang probe waits for /health_generate: sglang's own health check may take
     SGLANG_HEALTH_CHECK_TIMEOUT (20 s by default) before it answers, plus a margin."""
@@ -145,28 +64,6 @@ def health_probe_timeout_s(env: dict[str, str]) -> float:
     except ValueError:
         configured = 20.0
     return configured + 5.0
-
-
-async def read_server_info(base_url: str, routes: tuple[str, ...] = ("/server_info", "/get_server_info"),
-                           ) -> dict[str, Any] | None:
-    """GET `/server_info` (newer sglang), else `/get_server_info` (the engine's `info_routes`); None when
-    no route exists (vLLM and other OpenAI-compatible servers)."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        for route in routes:
-            try:
-                async with session.get(base_url + route, allow_redirects=False) as response:
-                    if response.status in (404, 405):
-                        continue
-                    redirect = redirect_of(response)
-                    if redirect:
-                        raise ServerError(f"cannot read {route}: {redirect}", kind=ErrorKind.SERVER_INFO)
-                    response.raise_for_status()
-                    info = await bounded_json(response, INFO_LIMIT_BYTES)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, BodyTooLarge) as error:
-                raise ServerError(f"cannot read {route}: {error}", kind=ErrorKind.SERVER_INFO) from None
-            if isinstance(info, dict):
-                return info
-    return None
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -405,41 +302,3 @@ class _PortTaken(ServerError):
     """Another process answers on the port this server was given."""
 
 
-def listens_on(group: int, port: int) -> bool | None:
-    """Whether a process of `group` holds the listening socket of TCP `port` (read from /proc);
-    None when that cannot be told (no /proc, or the socket is not visible to us)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{fields[9]}]")
-    if not inodes:
-        return None
-    for pid in group_members(group):
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                        return True
-    return False
-
-
-def group_members(group: int) -> list[int]:
-    """Live (non-zombie) processes in a process group, read from /proc."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == group and state != "Z":
-            members.append(int(entry))
-    return members

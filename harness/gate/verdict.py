@@ -63,7 +63,7 @@ def pass_confidence_per_stage(pass_confidence: float, stages: int) -> float:
 
 
 @dataclass(frozen=True)
-class _Part:
+class _TestOutcome:
     status: Status
     reason: str | None = None
     undecided: str = ""  # why it leaves the cell open: said only when nothing failed it
@@ -116,29 +116,29 @@ def _worse(status: Status, other: Status) -> Status:
     return max(status, other, key=order.index)
 
 
-def _floor_part(test_answers: Answers, floor: float, alpha: float, tested: bool) -> tuple[_Part, float | None]:
+def _floor_part(test_answers: Answers, floor: float, alpha: float, tested: bool) -> tuple[_TestOutcome, float | None]:
     """The floor test on test-split questions only (train questions of an extension are another
     population; the floor is the model's accuracy on the protocol's test questions). With several
     launches a question counts by the share of launches that got it right, and the count the exact
     test takes is rounded up (never more rejections than one launch's answers would give)."""
     n, correct = test_answers.n, test_answers.total
     if floor <= 0 or n == 0:
-        return _Part(Status.PASS), None
+        return _TestOutcome(Status.PASS), None
     p = below_floor_p(math.ceil(correct - 1e-9), n, floor)
     if tested and p < alpha:
-        return _Part(Status.FAIL, f"below floor {floor:.4g} on {n} test questions (p={p:.2g} < {alpha:.2g})",
+        return _TestOutcome(Status.FAIL, f"below floor {floor:.4g} on {n} test questions (p={p:.2g} < {alpha:.2g})",
                      test="floor"), p
     if correct / n < floor:
-        return _Part(Status.INCONCLUSIVE, f"under floor {floor:.4g} on {n} test questions but not "
+        return _TestOutcome(Status.INCONCLUSIVE, f"under floor {floor:.4g} on {n} test questions but not "
                                           f"significantly (p={p:.2g})", decide="more test questions"), p
-    return _Part(Status.PASS), p
+    return _TestOutcome(Status.PASS), p
 
 
 def _count(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
 
 
-def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, cell_n: int, confidence: float) -> _Part:
+def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, cell_n: int, confidence: float) -> _TestOutcome:
     """`fail` when the drop beyond the test's margin is significant; `pass` when the drop's upper
     bound (at `pass_confidence`) is under `min_effect`; else `inconclusive`. An earlier run sharing
     under half the cell's questions (the cell was extended tonight, not then) can fail it, but not
@@ -153,12 +153,12 @@ def _paired_part(paired: Paired, label: str, gate: GateSpec, alpha: float, cell_
               f"gained {_count(paired.gains)}, drop {paired.drop * 100:.1f} pts ({confidence:.1%} bound "
               f"{upper * 100:.1f}), p({null})={paired.p_drop:.2g}")
     if paired.p_drop < alpha:
-        return _Part(Status.FAIL, reason + f" < {alpha:.2g}", test=TEST_NAMES[label])
+        return _TestOutcome(Status.FAIL, reason + f" < {alpha:.2g}", test=TEST_NAMES[label])
     if upper < gate.min_effect or label == PINNED_LABEL:
-        return _Part(Status.PASS, reason)
+        return _TestOutcome(Status.PASS, reason)
     if label != "reference" and paired.n < MIN_SHARED_SHARE * cell_n:
-        return _Part(Status.PASS, reason + f"; on too few of the cell's {cell_n} questions to hold it")
-    return _Part(Status.INCONCLUSIVE, reason, f"; the bound is not under min_effect {gate.min_effect * 100:.3g} pts",
+        return _TestOutcome(Status.PASS, reason + f"; on too few of the cell's {cell_n} questions to hold it")
+    return _TestOutcome(Status.INCONCLUSIVE, reason, f"; the bound is not under min_effect {gate.min_effect * 100:.3g} pts",
                  decide=what_decides(paired, label))
 
 
@@ -268,16 +268,16 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     floor_part, floor_p = _floor_part(test_answers, floor, alpha, floor_tested)
     parts = [floor_part, *(_paired_part(paired, label, gate, alpha, n, stage.pass_confidence or gate.pass_confidence) for label, paired in found.items())]
     if diverged is not None:  # it can fail the cell, never hold it open (harness.gate.divergence)
-        parts.append(_Part(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha), test="divergence"))
+        parts.append(_TestOutcome(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha), test="divergence"))
     checks, not_measured = ([], []) if not stage.self_check_alpha else self_checks(
         first_launch(outcome.questions), divergence_tolerance or gate.divergence.tolerance,
         gate.divergence.healthy_share, gate.tolerance, deterministic, gate.extraction)
     for check in checks:  # each can fail the cell, never hold it open (harness.gate.self_checks)
         check_alpha = stage.self_check_alpha / len(checks)
-        parts.append(_Part(Status.FAIL if check.p < check_alpha else Status.PASS, check.describe(check_alpha),
+        parts.append(_TestOutcome(Status.FAIL if check.p < check_alpha else Status.PASS, check.describe(check_alpha),
                            test=f"self-check {check.name}"))
     for key, (nights, log_e) in accumulated.items():  # it can fail the cell, never hold it open
-        parts.append(_Part(Status.FAIL if rejects(log_e, alpha) else Status.PASS,
+        parts.append(_TestOutcome(Status.FAIL if rejects(log_e, alpha) else Status.PASS,
                            describe_evidence(EVIDENCE_LABELS[key], nights, log_e, alpha), test=f"evidence {key}"))
     for part in parts:
         status = _worse(status, part.status)

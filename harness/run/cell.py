@@ -46,7 +46,7 @@ def read_log(path: Path) -> str:
     return text if size <= LOG_LIMIT_BYTES else "[... log truncated ...]\n" + text
 
 
-class _Watch:
+class _EarlyStopWatch:
     """Progress and early-stop bookkeeping for one evaluation."""
 
     def __init__(self, early_stop: EarlyStop | None, divergence_stop: DivergenceStop | None = None) -> None:
@@ -89,7 +89,7 @@ async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info
     elif cell.expected:
         unverified = (f"resolved configuration not reported (engine {job.spec.engine.name} has no configuration "
                       f"route): {', '.join(sorted(cell.expected))} not checked")
-    watch = _Watch(job.early_stop, job.divergence_stop)
+    watch = _EarlyStopWatch(job.early_stop, job.divergence_stop)
     score, records = await server.guard(
         evaluate(server.base_url, plan, job.settings, on_progress=watch.on_progress, should_stop=watch.should_stop),
         progress=lambda: watch.last_progress, stall_timeout_s=job.stall_timeout_s)

@@ -114,7 +114,7 @@ def test_a_toy_benchmark_runs_through_regress_eval_with_its_own_default_protocol
     from typer.testing import CliRunner
 
     from harness.cli import app
-    from tests.run.test_external import running_server
+    from tests.run.test_eval_server import running_server
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with running_server(tmp_path) as url, BENCHMARKS.registered("sums", SumsBenchmark()):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from harness.engine.server import group_members
+from harness.engine.orphans import group_members
 from tests.helpers import ROOT, machine_s
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.benchmark.gsm8k.protocol import build_plan
-from harness.engine.server import ServerProcess, group_members, kill_orphaned_servers, orphaned_server_pids
+from harness.engine.orphans import group_members, kill_orphaned_servers, orphaned_server_pids
+from harness.engine.server import ServerProcess
 from harness.errors import ServerError
 from tests.helpers import ROOT, fault_world, machine_s, make_cell, sim_spec
 
@@ -292,7 +293,7 @@ def test_a_launcher_whose_parent_died_before_arming_the_death_signal_never_start
 
 
 def test_ports_are_picked_below_the_ephemeral_range_where_kernel_picked_ports_never_land(tmp_path, monkeypatch):
-    from harness.engine import server as server_module
+    from harness.engine import ports as server_module
 
     ports_file = tmp_path / "ip_local_port_range"
     ports_file.write_text("32768\t60999\n")

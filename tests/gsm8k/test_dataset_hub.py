@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from harness.engine.server import free_port
+from harness.engine.ports import free_port
 from tests.helpers import ROOT, machine_s
 
 

@@ -159,7 +159,7 @@ def test_a_tracking_server_whose_port_refuses_is_no_history_and_no_wait():
     """Nothing listens: the archive has no history and says why, the tracker turns off, both on the
     harness's own probe (its message), before MLflow would retry the refused connection with backoff
     (~4.6 s a call; its own message says "Max retries exceeded")."""
-    from harness.engine.server import free_port
+    from harness.engine.ports import free_port
     from harness.results.archive import MlflowArchive
 
     port = free_port()  # bound, then closed: nothing listens on it
@@ -173,7 +173,7 @@ def test_a_tracking_server_whose_port_refuses_is_no_history_and_no_wait():
 
 def test_a_tracking_server_behind_a_proxy_is_left_to_mlflow(monkeypatch):
     """The probe connects directly: a server reached through a proxy is not judged by it."""
-    from harness.engine.server import free_port
+    from harness.engine.ports import free_port
     from harness.results.mlflow_layout import _refuse_if_nothing_listens
 
     port = free_port()

@@ -53,7 +53,7 @@ class GpuSlot:
         import os
         import tempfile
 
-        from harness.engine.server import kill_orphaned_servers
+        from harness.engine.orphans import kill_orphaned_servers
         from harness.run.cell import run_cell
 
         # What slots killed on this node left behind: server processes that outlived their parent-death
@@ -80,7 +80,7 @@ def orphaned_log_folders(folder: Path) -> list[Path]:
     (or whose owner this process may not signal) is not one."""
     import os
 
-    from harness.engine.server import process_exists
+    from harness.engine.orphans import process_exists
 
     return [path for path in folder.glob(f"{LOG_FOLDER_PREFIX}*-*")
             if (pid := log_folder_pid(path)) is not None and pid != os.getpid() and not process_exists(pid)]

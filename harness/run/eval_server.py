@@ -21,7 +21,7 @@ from harness.benchmark.base import Dataset, ProtocolPlan
 from harness.benchmark.evaluator import EvalSettings, evaluate
 from harness.benchmark.evaluator import Progress as EvalProgress
 from harness.benchmark.http import INFO_LIMIT_BYTES, BodyTooLarge, bounded_body, bounded_json
-from harness.engine.server import read_server_info
+from harness.engine.server_info import read_server_info
 from harness.errors import ConfigError, InfraError, ServerError
 from harness.gate.budget import Budget
 from harness.gate.verdict import Stage, judge

@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 from harness.benchmark.gsm8k.protocol import build_plan
 from harness.benchmark.scoring import score
 from harness.cli import app
-from harness.engine.server import ServerProcess, free_port
+from harness.engine.ports import free_port
+from harness.engine.server import ServerProcess
 from harness.errors import ErrorKind
 from harness.records import CellOutcome, QuestionRecord, Status
-from harness.run.external import _verdict
+from harness.run.eval_server import _verdict
 from harness.suite.config import GateSpec
 from tests.helpers import DEEPSEEK, fault_world, machine_s, make_cell, sim_spec
 
