@@ -86,3 +86,9 @@ def test_sync_uploads_a_run_made_while_tracking_was_down_and_twice_is_once(ray_l
     cells = [json.loads(line) for line in (run_dir / "cells.jsonl").read_text().splitlines()]
     assert all(c["mlflow_run_id"] for c in cells)
     assert json.loads((run_dir / "run.json").read_text())["tracking_error"] is None
+    # A CI runner whose results/ starts empty reads the verdict from MLflow (`regress assess`, as `compare`).
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assessed = CliRunner().invoke(app, ["assess", "latest:demo", "--results-dir", str(empty), "--tracking-uri",
+                                        store_uri], catch_exceptions=False)
+    assert assessed.exit_code == 1 and assessed.output.startswith("REGRESSIONS: "), assessed.output

@@ -134,23 +134,28 @@ def assess(
     markdown: Annotated[bool, typer.Option(
         "--markdown", help="The headline as markdown for a report or PR comment: the verdict in bold, the rest as "
                            "code (cell ids and a server's error text never render as links or mentions).")] = False,
+    tracking_uri: ArchiveOpt = None,
 ) -> None:
-    """The CI verdict of a finished run: prints one headline and exits 0 (green), 1 (regressions) or
-    4 (broken: too many cells, or a reference cell, could not be measured).
+    """The CI verdict of a finished run: prints one headline and exits 0 (green), 1 (regressions),
+    3 (undecided: cells still inconclusive, named with what would decide each) or 4 (broken: too
+    many cells, or a reference cell, could not be measured). The run is read from the results
+    folder, else from MLflow (a CI runner whose results/ starts empty).
 
     Example: `regress assess latest:nightly` (what jobs/run_and_report.sh ends with)
     """
     from harness.analysis.assess import assess as assess_run
-    from harness.records import latest_per_cell
-    from harness.results.catalog import resolve_run
+    from harness.results.archive import find_run
+    from harness.results.store import ResultsStore
 
-    store = resolve_run(results_dir, run_id)
-    verdict = assess_run(list(latest_per_cell(store.cells()).values()), max_error_share)
-    torn = store.torn_note()
-    if torn:
-        from harness.results.reporting import warner
+    run = find_run(_archive(results_dir, tracking_uri), run_id)
+    verdict = assess_run(list(run.cells.values()), max_error_share)
+    folder = Path(run_id) if (Path(run_id) / "run.json").is_file() else results_dir / run.info.run_id
+    if (folder / "run.json").is_file():  # read from a folder: a torn last line there is said
+        torn = ResultsStore(folder.parent, folder.name).torn_note()
+        if torn:
+            from harness.results.reporting import warner
 
-        warner(err_console())(torn)
+            warner(err_console())(torn)
     if markdown:
         from harness.results.reporting import inline_code
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from harness.errors import ConfigError
 from harness.records import CellResult, QuestionRecord, RunInfo, latest_per_cell
-from harness.results.catalog import runs_of
+from harness.results.catalog import relative_name, runs_of
 from harness.results.mlflow_layout import (
     CELLS_ARTIFACT,
     EXTENSION_QUESTIONS_ARTIFACT,
@@ -201,10 +201,10 @@ def _suite_of(run_id: str) -> str:
 
 def find_run(archive: Archives, name: str) -> LoadedRun:
     """A run named by id, results folder, or `latest:<suite>` / `previous:<suite>`."""
-    if name.startswith(("latest:", "previous:")):
-        which, _, suite = name.partition(":")
+    relative = relative_name(name)
+    if relative is not None:
+        needed, suite = relative
         infos = archive.runs(suite)
-        needed = 1 if which == "latest" else 2
         if len(infos) < needed:
             where = ", ".join(type(a).__name__.removesuffix("Archive").lower() for a in archive.archives)
             raise ConfigError(f"{name}: {len(infos)} finished run(s) of suite {suite!r} (looked in: {where}; "

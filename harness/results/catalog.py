@@ -19,12 +19,22 @@ def runs_of(results_dir: Path, suite: str) -> list[RunInfo]:
     return sorted((i for i in infos if i.suite == suite and not i.interrupted), key=lambda i: i.started_at)
 
 
+RELATIVE_NAMES = {"latest": 1, "previous": 2}  # `latest:SUITE`: the newest finished run; `previous:SUITE`: the one before
+
+
+def relative_name(name: str) -> tuple[int, str] | None:
+    """`latest:nightly` -> (1, "nightly"), `previous:nightly` -> (2, "nightly"); None for a run id or
+    a folder. The one place these names are read (the folder and the archives both use it)."""
+    which, colon, suite = name.partition(":")
+    return (RELATIVE_NAMES[which], suite) if colon and which in RELATIVE_NAMES else None
+
+
 def resolve_run(results_dir: Path, name: str) -> ResultsStore:
-    """A run id, a results folder, or latest:<suite> / previous:<suite>."""
-    if name.startswith(("latest:", "previous:")):
-        which, _, suite = name.partition(":")
+    """A run id, a results folder, or latest:<suite> / previous:<suite>, in `results_dir`."""
+    relative = relative_name(name)
+    if relative is not None:
+        needed, suite = relative
         infos = runs_of(results_dir, suite)
-        needed = 1 if which == "latest" else 2
         if len(infos) < needed:
             raise ConfigError(f"{name}: {len(infos)} finished run(s) of suite {suite!r} in {results_dir}")
         return ResultsStore(results_dir, infos[-needed].run_id)

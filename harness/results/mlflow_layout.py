@@ -25,6 +25,9 @@ def mlflow_client(tracking_uri: str) -> Any:
     at once, before MLflow is even imported, when nothing listens at the server's address."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    # An artifact read back (a run's cells.jsonl, a cell's questions) draws no progress bar on stderr:
+    # `regress assess` and `compare` print one headline, and a CI log should hold just that.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     _refuse_if_nothing_listens(tracking_uri)
     from mlflow.tracking import MlflowClient
 
