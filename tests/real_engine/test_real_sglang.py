@@ -202,3 +202,20 @@ def test_the_planted_incident_fails_the_radix_on_cell_by_divergence_alone(real_r
     reference = [q.teacher for q in questions_of(real_run.run_dir, PLANTED_REFERENCE)]
     assert all(t is not None and t.cached_tokens == 0 for t in reference)
     assert real_run.cells[PLANTED_REFERENCE].status is Status.PASS
+
+
+def test_each_cell_checks_itself_healthy_cells_pass_and_the_planted_cache_fails_inside_itself(real_run):
+    """Every served cell asked its 6 questions again inside itself (alone, replayed warm, cold after
+    `/flush_cache`): on real sglang the healthy cells agree with themselves, and the planted radix-on
+    cell fails its own cache check, with no reference involved (its warm numbers are the plant's,
+    its cold ones the model's)."""
+    for cell_id in CLEAN:
+        cell = real_run.cells[cell_id]
+        assert set(cell.self_check_p) == {"co-batch", "cache", "replay"}, cell.reason
+        assert not any(name.startswith("self-check") for name in cell.failed), cell.reason
+        checks = [q.checks for q in questions_of(real_run.run_dir, cell_id) if q.checks]
+        assert len(checks) == 6 and all(c.cold.cached_tokens == 0 for c in checks)  # the flush emptied the cache
+        if ".rc-on." in cell_id:
+            assert all(c.replay.cached_tokens for c in checks)  # replayed with the prompt cached
+    planted = real_run.cells[PLANTED]
+    assert "self-check cache" in planted.failed and planted.self_check_p["cache"] < 1e-4, planted.reason
