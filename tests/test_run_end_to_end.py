@@ -47,6 +47,23 @@ def invoke(*args: str):
     return result
 
 
+def run_simulated(tmp_path: Path, name: str, axes: dict, world: Path = INCIDENT_WORLD, **suite: object):
+    """`regress run` of a one-model simulated suite (DeepSeek-V2-Lite, floor 0.5) with `axes`, into
+    tmp_path/results without MLflow: (the result, the run's folder, its cells by id, the latest line each)."""
+    import yaml
+
+    spec = {"suite": name, "engine": "sim", "sim_world": str(world), "num_questions": 40, "concurrency": 16,
+            "stop_grace_s": 1, **suite,
+            "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}], "axes": axes}
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = invoke("run", str(tmp_path / f"{name}.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking",
+                    "--quiet")
+    run_dir = only_run(tmp_path / "results")
+    cells = {c.cell_id: c for c in (CellResult.model_validate_json(line)
+                                    for line in (run_dir / "cells.jsonl").read_text().splitlines())}
+    return result, run_dir, cells
+
+
 def test_small_simulated_run_in_process(ray_local, tmp_path):
     result = invoke("run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--num-questions", "40",
                     "--select", "model=kimi-linear,unified_memory=on,radix_cache=on,attention_backend=fa3|triton",
@@ -411,18 +428,8 @@ def test_references_are_launched_a_second_time_and_measure_launch_spread_through
     """gate.measure_launch_spread: after the first pass each reference runs on a server of its own
     again; its answers carry their launch, the cell line says 2 launches and holds the run's
     launch-spread sample, and early stop does not look at the second launch."""
-    import yaml
-
-    suite = {"suite": "twice", "engine": "sim", "sim_world": str(INCIDENT_WORLD), "num_questions": 40,
-             "concurrency": 16, "stop_grace_s": 1, "gate": {"max_launches": 2, "measure_launch_spread": True},
-             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
-             "axes": {"attention_backend": ["triton", "fa3"]}}
-    (tmp_path / "twice.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
-    result = invoke("run", str(tmp_path / "twice.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking",
-                    "--quiet")
-    run_dir = only_run(tmp_path / "results")
-    final = {c.cell_id: c for c in (CellResult.model_validate_json(line)
-                                    for line in (run_dir / "cells.jsonl").read_text().splitlines())}
+    result, run_dir, final = run_simulated(tmp_path, "twice", {"attention_backend": ["triton", "fa3"]},
+                                           gate={"max_launches": 2, "measure_launch_spread": True})
     reference = final["dsv2.ab-triton"]
     assert reference.launches == 2 and reference.stage == 2 and "launched 2 times" in reference.reason
     assert reference.launch_sample is not None and reference.launch_sample.df == 1 and reference.launch_sample.n == 40

@@ -10,24 +10,23 @@ import yaml
 
 from harness.records import CellResult
 from tests.helpers import INCIDENT_WORLD
-from tests.test_run_end_to_end import invoke, only_run
+from tests.test_run_end_to_end import run_simulated
 
 
-def run_with_bug(tmp_path, bug: dict, latency: float = 0.0) -> dict[str, CellResult]:
+def world_with(tmp_path, bug: dict, latency: float = 0.0):
+    """The incident world with `bug` as its only bug (and `latency` per request), written to tmp_path."""
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
     world["bugs"] = [bug]
     world["latency"]["base_s"] = latency
     (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
-    suite = {"suite": "inside", "engine": "sim", "sim_world": str(tmp_path / "world.yaml"), "num_questions": 320,
-             "concurrency": 32, "stop_grace_s": 1,
-             "gate": {"self_checks": {"questions": 32}, "early_stop_share": 0.0001},
-             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
-             "axes": {"attention_backend": ["triton", "fa3"]}}
-    (tmp_path / "inside.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
-    invoke("run", str(tmp_path / "inside.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking", "--quiet")
-    run_dir = only_run(tmp_path / "results")
-    return {c.cell_id: c for c in (CellResult.model_validate_json(line)
-                                   for line in (run_dir / "cells.jsonl").read_text().splitlines())}
+    return tmp_path / "world.yaml"
+
+
+def run_with_bug(tmp_path, bug: dict, latency: float = 0.0) -> dict[str, CellResult]:
+    _, _, cells = run_simulated(tmp_path, "inside", {"attention_backend": ["triton", "fa3"]},
+                                world_with(tmp_path, bug, latency), num_questions=320, concurrency=32,
+                                gate={"self_checks": {"questions": 32}, "early_stop_share": 0.0001})
+    return cells
 
 
 @pytest.mark.slow
@@ -66,20 +65,10 @@ def test_a_reference_all_its_cells_diverge_from_alike_is_named_broken(ray_local,
     """The reference's numbers are off on every request (no cache involved: its self-checks cannot
     see it); its two cells diverge from it alike and agree with each other: the reference is the
     failing cell, its cells are `inconclusive` ("reference broken"), and attribution points at it."""
-    world = yaml.safe_load(INCIDENT_WORLD.read_text())
-    world["bugs"] = [{"name": "numbers", "when": {"attention_backend": "triton"}, "trigger": "always",
-                      "corrupt_probability": [0.9, 0.9], "style": "unchanged"}]
-    (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
-    suite = {"suite": "named", "engine": "sim", "sim_world": str(tmp_path / "world.yaml"), "num_questions": 60,
-             "concurrency": 16, "stop_grace_s": 1,
-             "models": [{"id": "dsv2", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "floor": 0.5}],
-             "axes": {"attention_backend": ["triton", "fa3", "flashinfer"]}}
-    (tmp_path / "named.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
-    result = invoke("run", str(tmp_path / "named.yaml"), "--results-dir", str(tmp_path / "results"), "--no-tracking",
-                    "--quiet")
-    run_dir = only_run(tmp_path / "results")
-    cells = {c.cell_id: c for c in (CellResult.model_validate_json(line)
-                                    for line in (run_dir / "cells.jsonl").read_text().splitlines())}
+    world = world_with(tmp_path, {"name": "numbers", "when": {"attention_backend": "triton"}, "trigger": "always",
+                                  "corrupt_probability": [0.9, 0.9], "style": "unchanged"})
+    result, run_dir, cells = run_simulated(tmp_path, "named", {"attention_backend": ["triton", "fa3", "flashinfer"]},
+                                           world, num_questions=60)
     reference = cells["dsv2.ab-triton"]
     assert reference.status.value == "fail" and reference.failed == ["reference broken"], reference.reason
     assert "all 2 of its cells diverge from it" in reference.reason and "agree with one another" in reference.reason
