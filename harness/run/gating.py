@@ -13,15 +13,9 @@ from dataclasses import dataclass
 from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
-from harness.gate.divergence import divergence_test
-from harness.gate.launches import Answers, SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
-from harness.gate.model_wide import model_wide_test
-from harness.gate.stats import paired_comparison
+from harness.gate.launches import SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
 from harness.gate.verdict import (
-    HISTORY_LABEL,
-    PINNED_LABEL,
     Stage,
-    first_launch,
     judge,
     pass_confidence_per_stage,
 )
@@ -309,88 +303,17 @@ class Gating:
                                          "score": score(records, base.score.eval_s + more.score.eval_s)})
         self._answers[cell.cell_id] = merged
 
-    def name_broken_references(self, cells: dict[str, Cell]) -> None:
-        """A reference from which every one of its cells (two or more) diverges alike, while they
-        agree with one another, is the broken one: it fails ("reference broken"), and its cells are
-        judged again without it (`inconclusive` where nothing else failed them). A healthy cell
-        is never `fail` only because it differs from a broken reference."""
-        dependents: dict[str, list[str]] = {}
-        for cell_id, cell in cells.items():
-            if cell.reference_cell and cell_id in self._results:
-                dependents.setdefault(cell.reference_cell, []).append(cell_id)
-        for reference_id, cell_ids in sorted(dependents.items()):
-            reference = self._results.get(reference_id)
-            results = [self._results[c] for c in cell_ids]
-            if (reference is None or reference.status is not Status.PASS or len(results) < 2
-                    or not all(r.failed == ["divergence"] for r in results)):
-                continue
-            agreement = self._agreement([self._answers.get(c) for c in cell_ids])
-            if agreement is None:
-                continue
-            reason = (f"reference broken: all {len(results)} of its cells diverge from it (teacher-forced, "
-                      f"{min(r.divergence_share or 0 for r in results):.0%}-{max(r.divergence_share or 0 for r in results):.0%}"
-                      f" of their questions beyond the tolerance) and agree with one another ({agreement})")
-            outcome = self._answers.get(reference_id)
-            failed = reference.model_copy(update={"status": Status.FAIL, "reason": f"{reason}; {reference.reason}",
-                                                  "failed": ["reference broken"], "decide": None,
-                                                  "stage": self.budget.stages + 1})
-            self._results[reference_id] = self.sinks.cell(FinishedCell(failed, outcome.questions if outcome else []))
-            for cell_id in cell_ids:
-                if cell_id in self._answers:
-                    self.judge(cells[cell_id], self._answers[cell_id], "", stage=self._results[cell_id].stage)
-
-    def _agreement(self, outcomes: list[CellOutcome | None]) -> str | None:
-        """How the first cell's teacher-forced answers compare with each other cell's, when every
-        pair shares questions and has at most the healthy share of them beyond the tolerance."""
-        if any(o is None for o in outcomes):
-            return None
-        first, shares = outcomes[0], []
-        for other in outcomes[1:]:
-            found = divergence_test(first_launch(first.questions), first_launch(other.questions),
-                                    self.gate.divergence.tolerance, self.gate.divergence.healthy_share)
-            if found is None or found.share > self.gate.divergence.healthy_share:
-                return None
-            shares.append(found.share)
-        return f"at most {max(shares):.0%} of their questions beyond the tolerance between them"
-
-    def judge_models(self, models: int) -> None:
-        """The model-wide tests (harness.gate.model_wide) over every model's cells that were judged
-        on answers and are not a regression; a rejected one fails those cells."""
-        alpha = self.budget.model_test(models)
-        if alpha <= 0:
-            return
-        by_model: dict[str, list[CellResult]] = {}
-        for result in self._results.values():
-            if result.status in (Status.PASS, Status.INCONCLUSIVE) and result.cell_id in self._answers:
-                by_model.setdefault(result.model, []).append(result)
-        for model, results in sorted(by_model.items()):
-            launch_sd = self.launch_sd(model, self._prior.get(model, 0.0))
-            found = {HISTORY_LABEL: [], PINNED_LABEL: []}
-            for result in results:
-                answers = Answers.of(self._answers[result.cell_id].questions, self.gate.extraction)
-                baseline = self.history.baseline(result.cell_id)
-                pinned = self.history.pinned(result.cell_id)
-                for label, runs in ((HISTORY_LABEL, baseline.outcomes if baseline else ()),
-                                    (PINNED_LABEL, (pinned[1],) if pinned else ())):
-                    if runs:
-                        paired = paired_comparison(answers, Answers.pooled([r.questions for r in runs],
-                                                                           self.gate.extraction),
-                                                   self.gate.own_margin, launch_sd=launch_sd)
-                        if paired is not None:
-                            found[label].append(paired)
-            for label, drops in found.items():
-                test = model_wide_test(model, label, drops, self.gate.own_margin, alpha)
-                if test is not None and test.rejected:
-                    for result in results:
-                        self._fail_model_cell(result, test.describe())
-                    break
-
-    def _fail_model_cell(self, result: CellResult, reason: str) -> None:
+    def override(self, result: CellResult, reason: str, failed: list[str]) -> None:
+        """Fail a judged cell by a judgement over several cells (harness.run.across_cells), written
+        after every stage: `reason` leads its reason, `failed` names the test."""
         outcome = self._answers.get(result.cell_id)
-        failed = result.model_copy(update={"status": Status.FAIL, "reason": f"{reason}; {result.reason}",
-                                           "decide": None, "stage": self.budget.stages + 1,
-                                           "failed": [*result.failed, "model-wide"]})
-        self._results[result.cell_id] = self.sinks.cell(FinishedCell(failed, outcome.questions if outcome else []))
+        changed = result.model_copy(update={"status": Status.FAIL, "reason": f"{reason}; {result.reason}",
+                                            "failed": failed, "decide": None, "stage": self.budget.stages + 1})
+        self._results[result.cell_id] = self.sinks.cell(FinishedCell(changed, outcome.questions if outcome else []))
+
+    def prior(self, model: str) -> float:
+        """The suite's `launch_sd` of `model` (the prior), as its cells were judged with."""
+        return self._prior.get(model, 0.0)
 
     def note(self, cell: Cell, text: str) -> None:
         """Add `text` to a judged cell's reason (its verdict unchanged): why it stays as it is."""

@@ -34,6 +34,7 @@ from harness.results.reporting import warner
 from harness.results.sinks import Sinks, standard_sinks
 from harness.results.store import ResultsStore, new_run_id
 from harness.results.tracking import Tracker
+from harness.run.across_cells import judge_models, name_broken_references
 from harness.run.build import RunInputs
 from harness.run.cell import CellJob
 from harness.run.extension import extend
@@ -172,11 +173,11 @@ def decide(inputs: RunInputs, gating: Gating, schedule: Any) -> None:
     """After the first pass: name references their cells all diverge from alike, extend undecided
     cells, launch them again (both within gate.undecided_budget), then test each model's cells
     together (harness.gate.model_wide)."""
-    gating.name_broken_references(inputs.matrix.by_id())
+    name_broken_references(gating, inputs.matrix.by_id())
     if gating.extends:
         extend(inputs, gating, schedule)
     relaunch(inputs, gating, schedule)
-    gating.judge_models(len({cell.model.id for cell in inputs.matrix.cells}))
+    judge_models(gating, len({cell.model.id for cell in inputs.matrix.cells}))
 
 
 def failed_first(cells: list[Cell], history: History, enabled: bool) -> set[str]:
