@@ -291,7 +291,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     if reference_problem:
         reasons.append(reference_problem)
     reasons += not_measured
-    if stage.self_check_alpha and not checks and not not_measured:
+    if stage.self_check_alpha and not checks and not not_measured and not outcome.stopped_early:
         reasons.append("self-checks not measured (no sampled question was scored teacher-forced)")
     if (gate.divergence.enabled and reference is not None and diverged is None and not reference_problem
             and not any(r.teacher for r in outcome.questions)):
