@@ -102,21 +102,28 @@ class DivergenceSpec(Strict):
     healthy_share: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1
 
 
+# 6 of 6 questions beyond the tolerance at a 10% healthy share is p = 1e-6, about the alpha a 72-cell
+# run gives one self-check (1.3e-05 / 3): fewer questions can never reject.
+MIN_SELF_CHECKS = 6
+
+
 class SelfCheckSpec(Strict):
     """Each cell asks a sample of its questions again inside itself (harness.benchmark.self_checks,
     harness.gate.self_checks): alone, after a cache flush, and replayed warm."""
 
-    # Questions sampled per cell (at most a tenth of its planned questions, at least 8 where it has
-    # them); 0: no self-checks. They need the protocol's teacher texts (not chat, not sgl-eval).
+    # Questions sampled per cell, at most `max_share` of its planned questions (what they add to a
+    # cell's evaluation: README, "Evidence inside each cell"); 0: no self-checks. Under MIN_SELF_CHECKS
+    # none are asked: fewer cannot reject at the alpha a run gives one test. They need the protocol's
+    # teacher texts (not chat, not sgl-eval).
     questions: Annotated[int, Field(ge=0, le=1024)] = 32
+    max_share: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
     # The share of each cell's alpha the self-checks spend (at stage 1, split over those made).
     share: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.1
 
     def count(self, planned: int) -> int:
-        """How many of `planned` questions a cell samples."""
-        if not self.questions:
-            return 0
-        return min(self.questions, max(8, planned // 10), planned)
+        """How many of `planned` questions a cell samples (0: no self-checks)."""
+        found = min(self.questions, int(self.max_share * planned))
+        return found if found >= MIN_SELF_CHECKS else 0
 
 
 class GateSpec(Strict):

@@ -53,7 +53,7 @@ max_tokens: 12
 concurrency: 3
 request_timeout_s: {machine_s(120):.0f}
 stop_grace_s: 20
-gate: {{extend_to: null, tolerance: 0.2, min_effect: 0.5}}  # what 6 questions can bound (divergence does the work)
+gate: {{extend_to: null, tolerance: 0.2, min_effect: 0.5, self_checks: {{max_share: 1.0}}}}  # what 6 questions can bound (divergence does the work)
 models:
 {models.format(model=model, startup=f"{machine_s(300):.0f}", log=tmp_path / "stand-ins.log", plants=PLANTS)}
 axes:
