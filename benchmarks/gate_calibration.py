@@ -1,43 +1,51 @@
-"""Does the gate cry wolf, does it sleep, and does a pass mean what it says? Nights of the shipped
-suites (configs/nightly.yaml: 72 cells, 2,638 questions; configs/pr.yaml: 9 cells, 400 questions,
-extended to 1,319) played through the product's own gating (`Gating`: early stop, the budget, both
-stages, `extend`), with answers drawn from a model of real servers instead of Ray and HTTP.
+"""Does the gate cry wolf, does it sleep, does a pass mean what it says, and does it decide? Nights
+of the shipped suites (configs/nightly.yaml: 72 cells; configs/pr.yaml: 9 cells; both 2,638
+questions, extended to 5,276, up to 3 launches, undecided_budget 0.6) played through the product's
+own gating (`Gating`: early stop, the budget, every stage, `pipeline.decide`: extension, relaunches,
+model-wide tests), with answers drawn from a model of real servers instead of Ray and HTTP.
 
-    .venv/bin/python benchmarks/gate_calibration.py [--trials 400] [--suites nightly,pr] [--only ...]
+    .venv/bin/python benchmarks/gate_calibration.py [--pr-trials 300] [--nightly-trials 100] [--only ...]
+    .venv/bin/python benchmarks/gate_calibration.py --shard 0/2 --save a.json   # then --merge a.json b.json
     .venv/bin/python benchmarks/gate_calibration.py --quick      # what the test suite runs
 
 The answer model (an item-response model, per model of the suite):
 - each question has a difficulty: the chance p_q that a launch answers it right, drawn from
-  Beta(0.9, 0.1) (most questions easy, some impossible, a few in between), so the model's true
-  accuracy is the mean of p_q over the test split (about 0.90);
+  Beta(acc, 1 - acc) around the model's shipped `accuracy` (most questions easy, some impossible, a
+  few in between); the model's true accuracy is the mean of p_q over the test split;
 - the model has one typical answer per question (right with chance p_q); each cell (a configuration)
-  redraws 16.8% of them once, for good; each launch (a night) redraws 15% of its cell's: two healthy
-  cells then disagree on 4.5% of questions, a cell and its previous night on 2.5%;
+  redraws 16.8% of them once, for good; each launch redraws 15% of its cell's: two healthy cells of
+  a 0.9 model then disagree on about 4.5% of questions, two launches of a cell on about 2.5%;
 - a real offset or bug of d points (a cell's, fixed) makes a share d / accuracy of its right answers
-  wrong (or of its wrong answers right); a launch-level shift is drawn afresh for every launch.
+  wrong (or of its wrong answers right);
+- every launch also moves by N(0, --launch-sd) (default 0.5 point: the fleet's launch spread), drawn
+  afresh per launch; the suites' `launch_sd` (0.5 point) is only the gate's prior until it has
+  measured the spread from the references' second launches.
 
 Every healthy cell carries a fixed backend offset drawn from N(0, 0.5 points) (inside the suites'
 1.5-point tolerance); floors are the model's accuracy minus gate.floor_margin, as the shipped suites
-derive them. A trial plays a first night (no history) and a second night with the first as its
-history (and its pin): both are counted. Scenarios:
+derive them. A trial plays a first night (no history), then 5 healthy warm-up nights (the history
+pools up to 5), then the judged night(s) with that history and the first night as its pin.
+Scenarios (SCENARIOS):
 
-- healthy: as above;
-- launch spread: each launch also moves by N(0, 0.5 points), the suite's launch_sd set to it (as
-  `regress calibrate` measures it); and the same with launch_sd left at 0;
-- build shift: on the second night a new build lowers every cell of the first model (its reference
-  too) by 1.0 point: inside the tolerance, harmless by the gate's own definition;
+- healthy: as above; "first night" and "with history" are both counted;
 - least favourable: every non-reference cell exactly `tolerance` under its reference and its model's
   floor exactly at the cells' accuracy: the false-fail rate the budget promises (<= alpha);
+- build shift: a new build lowers every cell of the first model (its reference too) by 1.0 point:
+  inside the history margin, harmless by the gate's own definition;
 - model-wide break: on a first night the first model's reference and cells all lose 10 points;
-- 2- and 3-point drops: one cell of the first model, on the second night (with history) and alone
-  on a first night: how often it passes;
-- drift: the first model (its reference too) loses 0.5 points a night from night 1 on, 10 nights,
-  with `pinned_run: auto` and without a pin: the night it first turns red.
+- 3- and 5-point drops: one cell of the first model, alone on a first night, and from a night with
+  history on (3 points: red within 1, 2, 3 nights);
+- launch spread estimate: 15 healthy nights, then the spread as the gate and `regress calibrate`
+  measure it, against the truth;
+- drift: 0.5 point a night from night 1, of one cell or of the whole first model (its reference
+  too), pinned to night 0: red by night 4, 5, 6.
 
-Every rate comes with its exact 95% interval (Clopper-Pearson). The exact size of the margin test is
-computed beside Tango's score test (the chance each rejects at a run's tiny alpha, summed over every
-outcome of the counts): `--only size`. Early stop: the incident's cells, their broken answers
-returned last: `--only early-stop`.
+Cost: a launch holds its GPUs for STARTUP_S (by GPUs) plus QUESTION_S a question (assumptions; only
+ratios to one pass of the planned questions are reported). Every rate comes with its exact 95%
+interval (Clopper-Pearson) and its count. The exact size of the margin test is computed beside
+Tango's score test (the chance each rejects at a run's tiny alpha, summed over every outcome of the
+counts): `--only size`. Early stop: the incident's cells, their broken answers returned last:
+`--only early-stop`.
 """
 
 from __future__ import annotations
