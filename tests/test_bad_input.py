@@ -141,6 +141,9 @@ def test_a_local_ray_that_cannot_start_is_one_line_and_not_a_regression(monkeypa
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", timed_out)
+    # Between tries the run shuts Ray down; here that would stop the Ray this test worker's other
+    # modules share (they then found none, and a Ray call started one without GPUs).
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
     result = CliRunner().invoke(app, ["run", "configs/demo.yaml", "--results-dir", str(tmp_path), "--no-tracking"])
     assert result.exit_code == 3
     assert "could not start a local Ray cluster (" in result.output and "tries in" in result.output

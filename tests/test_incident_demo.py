@@ -45,7 +45,7 @@ def test_the_incident_demo(tmp_path):
     assert len(junit.findall("testcase")) == 32 and len(junit.findall("testcase/failure")) == 3
     run_info = json.loads((run_dir / "run.json").read_text())
     assert run_info["counts"] == {"pass": 29, "fail": 3} and run_info["exit_code"] == 1
-    assert run_info["gate_budget"].startswith("alpha 0.01 over 32 cells") and "extension" in run_info["gate_budget"]
+    assert run_info["gate_budget"].startswith("alpha 0.01 over 32 cells") and "1 later stage(s)" in run_info["gate_budget"]
     assert run_info["attribution"] == ("model=kimi-linear & attention_backend in {fa3, flashinfer, flashmla} & "
                                        "radix_cache=on & unified_memory=on")
     runs = mlflow_runs(tmp_path, "demo")
