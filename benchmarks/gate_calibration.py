@@ -45,7 +45,8 @@ ratios to one pass of the planned questions are reported). Every rate comes with
 interval (Clopper-Pearson) and its count. The exact size of the margin test is computed beside
 Tango's score test (the chance each rejects at a run's tiny alpha, summed over every outcome of the
 counts): `--only size`. Early stop: the incident's cells, their broken answers returned last:
-`--only early-stop`.
+`--only early-stop`. The arithmetic of deciding a healthy cell under launch spread (how the green
+rate moves with launches and questions, by the normal approximation): `--only frontier`.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from harness.benchmark.gsm8k.protocol import EXTENSION_INDEX_OFFSET, build_plan,
 from harness.benchmark.scoring import score  # noqa: E402
 from harness.gate.sequential import EarlyStop, Looks  # noqa: E402
 from harness.gate.stats import _tango_z, drop_above_margin_p  # noqa: E402
+from harness.gate.verdict import pass_confidence_per_stage  # noqa: E402
 from harness.records import (  # noqa: E402
     CellOutcome,
     CellResult,
@@ -604,6 +606,55 @@ def size(console: Console, quick: bool) -> None:
     console.print(f"  worst of {len(cases)}: exact {worst['exact']:.2f}, score {worst['score']:.2f}")
 
 
+def frontier(data, console: Console, draws: int) -> None:
+    """The arithmetic of deciding a cell under launch spread: a healthy cell (its backend offset
+    N(0, OFFSET_SD) from its reference) passes when its drop's upper bound is under min_effect, so a
+    night is green when every cell's is. The drop's sd is measured on this answer model (launches
+    of a cell and of its reference, `launches` each, on `questions` questions, LAUNCH_SD each), and
+    the green rate is the product over the suite's non-reference cells of
+    P(offset + error + z sd < min_effect), the error N(0, sd), z the shipped bound's one-sided
+    quantile at one stage of four (98.75%). Normal arithmetic: the scenarios' rows are the measurement."""
+    for name in ("pr", "nightly"):
+        suite = Suite.load(name, data)
+        gate = suite.inputs.loaded.suite.gate
+        z = norm.ppf(pass_confidence_per_stage(gate.pass_confidence, 4))
+        cells = [c for c in suite.inputs.matrix.cells if not c.is_reference]
+        rows = []
+        for questions in (2638, 5276):
+            for launches in (1, 2, 3):
+                sds = {model.id: _drop_sd(model.accuracy or 0.9, questions, launches, draws)
+                       for model in suite.inputs.loaded.suite.models}
+                need = gate.min_effect - z * np.array([sds[c.model.id] for c in cells])
+                spread = np.sqrt(np.array([sds[c.model.id] for c in cells]) ** 2 + OFFSET_SD ** 2)
+                green = float(np.prod(norm.cdf(need / spread)))
+                rows.append(f"{questions} questions, {launches} launch(es) a side: drop sd "
+                            + ", ".join(f"{m} {sd * 100:.2f}" for m, sd in sds.items()) + f" pts; green {green:.1%}")
+        per_cell = 0.8 ** (1 / len(cells))
+        console.print(f"frontier ({name}: {len(cells)} cells judged against a reference; green 80% needs each "
+                      f"to pass with {per_cell:.2%}; bound z {z:.2f}):")
+        for row in rows:
+            console.print(f"  {row}")
+
+
+def _drop_sd(accuracy: float, questions: int, launches: int, draws: int) -> float:
+    """The sd of a healthy cell's measured drop from its reference (no offset), each side the mean of
+    `launches` launches on the same `questions` questions, under this module's answer model."""
+    rng = np.random.default_rng(0)
+
+    def side(p: np.ndarray, typical: np.ndarray) -> float:
+        mine = np.where(rng.random(questions) < CELL_REDRAW, rng.random(questions) < p, typical)
+        runs = [np.where(rng.random(questions) < NIGHT_REDRAW, rng.random(questions) < p, mine).mean()
+                + rng.normal(0, LAUNCH_SD) for _ in range(launches)]
+        return float(np.mean(runs))
+
+    drops = []
+    for _ in range(draws):
+        p = rng.beta(accuracy * CONCENTRATION, (1 - accuracy) * CONCENTRATION, size=questions)
+        typical = rng.random(questions) < p
+        drops.append(side(p, typical) - side(p, typical))
+    return float(np.std(drops))
+
+
 def early_stop(data, console: Console, draws: int) -> None:
     """The incident's cells (GSM8K 0.05-0.31, drawn uniformly) against the shipped Kimi-Linear floor,
     on the PR suite and the nightly, at the early-stop share CellJobs gives the floor's looks (half
@@ -656,7 +707,8 @@ def main() -> None:
     parser.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
                         help="Override a gate setting of the shipped suites (max_launches=1), or a suite setting "
                              "(suite.num_questions=2638), repeatable")
-    parser.add_argument("--only", default="size,early-stop,scenarios", help="size, early-stop, scenarios (comma-separated)")
+    parser.add_argument("--only", default="size,early-stop,frontier,scenarios",
+                        help="size, early-stop, frontier, scenarios (comma-separated)")
     parser.add_argument("--scenarios", default=None, help="Scenario names to play (comma-separated; default all)")
     parser.add_argument("--quick", action="store_true", help="1 trial of each scenario on the PR suite, one size case")
     parser.add_argument("--shard", default="0/1", help="i/n: only trials i, i+n, i+2n, ... (run n processes at once)")
@@ -672,6 +724,8 @@ def main() -> None:
         size(console, args.quick)
     if "early-stop" in parts:
         early_stop(load_gsm8k(), console, 50 if args.quick else 2000)
+    if "frontier" in parts:
+        frontier(load_gsm8k(), console, 20 if args.quick else 400)
     if "scenarios" in parts:
         chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
         unknown = [key for key in chosen if key not in SCENARIOS]
