@@ -15,9 +15,9 @@ SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 # a module's fixtures, such as the real-engine run, are made once). The long modules go out first, so
 # that none of them starts last and runs alone while the other workers have finished. Seconds each
 # took under `make test` on 2 quiet cores (two workers; docs/benchmarks.md, "The test suite (session
-# 17)"); in that run the workers finished 8 s apart.
+# 17)"; the real-engine and self-check figures from session 20's run, 732 passed in 10 min 25 s).
 LONGEST_FIRST = (
-    "tests/real_engine/test_real_sglang.py",  # 334 s: five real sglang servers
+    "tests/real_engine/test_real_sglang.py",  # 281 s: five real sglang servers
     "tests/test_incident_demo.py",  # 109 s: 32 simulated cells, 23,000 questions
     "tests/test_benchmarks.py",  # 136 s: every benchmark's quick mode
     "tests/test_run_end_to_end.py",  # 87 s
@@ -25,7 +25,7 @@ LONGEST_FIRST = (
     "tests/test_interrupt.py",  # 90 s
     "tests/test_pr_and_bisect.py",  # 95 s
     "tests/engine/test_cluster.py",  # 62 s: a second Ray node
-    "tests/test_self_checks.py",  # four simulated runs of 320 questions with their self-checks (not yet timed in a suite run)
+    "tests/test_self_checks.py",  # 43 s: four simulated runs of 320 questions with their self-checks
     "tests/test_faults.py",  # 100 s
     "tests/engine/test_sglang_check.py",  # 49 s: real sglang's parser
 )
