@@ -606,53 +606,53 @@ def size(console: Console, quick: bool) -> None:
     console.print(f"  worst of {len(cases)}: exact {worst['exact']:.2f}, score {worst['score']:.2f}")
 
 
+FRONTIER = [(questions, launches) for questions in (2638, 5276) for launches in (1, 2, 3)]
+
+
 def frontier(data, console: Console, draws: int) -> None:
     """The arithmetic of deciding a cell under launch spread: a healthy cell (its backend offset
     N(0, OFFSET_SD) from its reference) passes when its drop's upper bound is under min_effect, so a
-    night is green when every cell's is. The drop's sd is measured on this answer model (launches
-    of a cell and of its reference, `launches` each, on `questions` questions, LAUNCH_SD each), and
-    the green rate is the product over the suite's non-reference cells of
+    night is green when every cell's is. The drop's sd is measured on this answer model (`World`:
+    launches of a cell and of its reference, `launches` each, on the first `questions` questions,
+    LAUNCH_SD each), and the green rate is the product over the suite's non-reference cells of
     P(offset + error + z sd < min_effect), the error N(0, sd), z the shipped bound's one-sided
     quantile at one stage of four (98.75%). Normal arithmetic: the scenarios' rows are the measurement."""
+    sds: dict[str, dict[tuple[int, int], float]] = {}  # model -> (questions, launches) -> sd: a model's, whatever the suite
     for name in ("pr", "nightly"):
         suite = Suite.load(name, data)
         gate = suite.inputs.loaded.suite.gate
         z = norm.ppf(pass_confidence_per_stage(gate.pass_confidence, 4))
         cells = [c for c in suite.inputs.matrix.cells if not c.is_reference]
-        rows = []
-        for questions in (2638, 5276):
-            for launches in (1, 2, 3):
-                sds = {model.id: _drop_sd(model.accuracy or 0.9, questions, launches, draws)
-                       for model in suite.inputs.loaded.suite.models}
-                need = gate.min_effect - z * np.array([sds[c.model.id] for c in cells])
-                spread = np.sqrt(np.array([sds[c.model.id] for c in cells]) ** 2 + OFFSET_SD ** 2)
-                green = float(np.prod(norm.cdf(need / spread)))
-                rows.append(f"{questions} questions, {launches} launch(es) a side: drop sd "
-                            + ", ".join(f"{m} {sd * 100:.2f}" for m, sd in sds.items()) + f" pts; green {green:.1%}")
-        per_cell = 0.8 ** (1 / len(cells))
+        for model in suite.inputs.loaded.suite.models:
+            if model.id not in sds:
+                sds[model.id] = _drop_sds(suite, model.id, draws)
         console.print(f"frontier ({name}: {len(cells)} cells judged against a reference; green 80% needs each "
-                      f"to pass with {per_cell:.2%}; bound z {z:.2f}):")
-        for row in rows:
-            console.print(f"  {row}")
+                      f"to pass with {0.8 ** (1 / len(cells)):.2%}; bound z {z:.2f}):")
+        for key in FRONTIER:
+            sd = np.array([sds[c.model.id][key] for c in cells])
+            green = float(np.prod(norm.cdf((gate.min_effect - z * sd) / np.sqrt(sd ** 2 + OFFSET_SD ** 2))))
+            console.print(f"  {key[0]} questions, {key[1]} launch(es) a side: drop sd "
+                          + ", ".join(f"{m} {by[key] * 100:.2f}" for m, by in sds.items()
+                                      if m in {c.model.id for c in cells}) + f" pts; green {green:.1%}")
 
 
-def _drop_sd(accuracy: float, questions: int, launches: int, draws: int) -> float:
+def _drop_sds(suite: Suite, model: str, draws: int) -> dict[tuple[int, int], float]:
     """The sd of a healthy cell's measured drop from its reference (no offset), each side the mean of
-    `launches` launches on the same `questions` questions, under this module's answer model."""
-    rng = np.random.default_rng(0)
-
-    def side(p: np.ndarray, typical: np.ndarray) -> float:
-        mine = np.where(rng.random(questions) < CELL_REDRAW, rng.random(questions) < p, typical)
-        runs = [np.where(rng.random(questions) < NIGHT_REDRAW, rng.random(questions) < p, mine).mean()
-                + rng.normal(0, LAUNCH_SD) for _ in range(launches)]
-        return float(np.mean(runs))
-
-    drops = []
-    for _ in range(draws):
-        p = rng.beta(accuracy * CONCENTRATION, (1 - accuracy) * CONCENTRATION, size=questions)
-        typical = rng.random(questions) < p
-        drops.append(side(p, typical) - side(p, typical))
-    return float(np.std(drops))
+    its launches on the same questions, for every (questions, launches) of FRONTIER: `World.answers`
+    of one of `model`'s cells and its reference, a world per draw."""
+    cell = next(c for c in suite.inputs.matrix.cells if c.model.id == model and not c.is_reference)
+    reference = next(c for c in suite.inputs.matrix.cells if c.cell_id == cell.reference_cell)
+    most = max(launches for _, launches in FRONTIER)
+    drops: dict[tuple[int, int], list[float]] = {key: [] for key in FRONTIER}
+    for seed in range(draws):
+        world = World.draw(seed, suite.questions, suite.inputs, Scenario("frontier", offsets=False), LAUNCH_SD)
+        mine = [world.answers(cell, 0, launch, 0.0) for launch in range(most)]
+        theirs = [world.answers(reference, 0, launch, 0.0) for launch in range(most)]
+        for questions, launches in FRONTIER:
+            drops[(questions, launches)].append(
+                float(np.mean([a[:questions].mean() for a in theirs[:launches]])
+                      - np.mean([a[:questions].mean() for a in mine[:launches]])))
+    return {key: float(np.std(values)) for key, values in drops.items()}
 
 
 def early_stop(data, console: Console, draws: int) -> None:
