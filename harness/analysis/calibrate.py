@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.gate.launches import SpreadEstimate, pooled_spread
+from harness.gate.launches import SpreadEstimate, centred_sample, drop_with_variance, pooled_spread
 from harness.gate.stats import paired_comparison, wilson_interval
 from harness.gate.verdict import correctness, first_launch
 from harness.records import CellResult, RunInfo, Status
@@ -93,6 +93,10 @@ class LaunchPair:
     gains: int
     n: int
 
+    @property
+    def drop_and_variance(self) -> tuple[float, float, int]:
+        return drop_with_variance(self.losses, self.gains, self.n)
+
 
 def night_to_night_pairs(archive: RunArchive, measured: list[tuple[RunInfo, list[CellResult]]],
                          extraction: str) -> list[LaunchPair]:
@@ -121,26 +125,19 @@ class LaunchSpread:
 
 
 def propose_launch_spread(pairs: list[LaunchPair]) -> list[LaunchSpread]:
-    """Each model's launch spread from its cells' pairs of consecutive launches (module docstring)."""
+    """Each model's launch spread from its cells' pairs of consecutive launches (module docstring):
+    the gate's own night-to-night estimator (harness.gate.launches.centred_sample), pooled."""
     by_model: dict[str, dict[tuple[str, str], list[LaunchPair]]] = {}
     for pair in pairs:
         if pair.n > 0:
             by_model.setdefault(pair.model, {}).setdefault(pair.runs, []).append(pair)
     found = []
     for model, groups in by_model.items():
-        squares, variances, count = 0.0, 0.0, 0
-        for group in groups.values():
-            if len(group) < 2:
-                continue
-            drops = [(p.losses - p.gains) / p.n for p in group]
-            centre = sum(drops) / len(drops)
-            scale = len(group) / (len(group) - 1)  # centring on the group's own mean removes a share
-            squares += scale * sum((d - centre) ** 2 for d in drops)
-            variances += sum(max((p.losses + p.gains) / p.n - d * d, 0.0) / p.n for p, d in zip(group, drops, strict=True))
-            count += len(group)
-        if count:
-            spread = max((squares - variances) / count, 0.0) / 2
-            found.append(LaunchSpread(model=model, pairs=count, launch_sd=math.sqrt(spread)))
+        samples = [centred_sample([pair.drop_and_variance for pair in group]) for group in groups.values()]
+        estimate = pooled_spread([sample for sample in samples if sample is not None])
+        if estimate is not None:
+            found.append(LaunchSpread(model=model, pairs=sum(len(g) for g in groups.values() if len(g) > 1),
+                                      launch_sd=estimate.sd))
     return found
 
 

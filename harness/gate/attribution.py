@@ -39,7 +39,7 @@ class Explanation:
 
     def __str__(self) -> str:
         if not self.literals:
-            return "every cell failed" if self.exact else "no shared condition"
+            return "no passing cell to contrast with" if self.exact else "no shared condition"
         text = " & ".join(str(lit) for lit in self.literals)
         if self.exact:
             return text

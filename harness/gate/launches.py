@@ -19,7 +19,13 @@ runs (one-way random effects, moment estimate):
 
     launch_sd^2 = (sum between - sum within) / sum df          (floored at 0)
 
-with a chi-square interval on `sum between` (the questions' part held fixed). A suite's own
+with a chi-square interval on `sum between` (the questions' part held fixed).
+
+Night to night, each cell's first launch is a launch made whatever its answers too: a model's C cells
+judged in two runs give `centred_sample` (C - 1 degrees of freedom a pair of runs, where a run's
+second launches give one a model). Their drops are centred on the cells' mean (a build shift common
+to every cell is the history test's to judge, not spread); what a new build moves in one cell and not
+the others is counted as spread, so night to night reads high where builds differ, never low. A suite's own
 `launch_sd` is the prior the gate uses while the pooled samples have fewer than `MIN_DF` degrees of
 freedom (`spread_for_gate`).
 """
@@ -161,6 +167,28 @@ def launch_sample(records: list[QuestionRecord], extraction: str) -> LaunchSampl
         centre = sum(values) / k
         per_question += sum((v - centre) ** 2 for v in values) / (k - 1)
     return LaunchSample(df=k - 1, between=between, within=(k - 1) * per_question / n**2, n=n)
+
+
+def drop_with_variance(losses: float, gains: float, n: int) -> tuple[float, float, int]:
+    """(d, v, n) of a paired drop on n shared questions (`centred_sample`): its sampling variance
+    from the discordance, as the paired tests compute it."""
+    drop = (losses - gains) / n
+    return drop, max((losses + gains) / n - drop * drop, 0.0) / n, n
+
+
+def centred_sample(drops: list[tuple[float, float, int]]) -> LaunchSample | None:
+    """One model's cells judged in two runs, their first launches paired: per cell (d, v, n), the
+    paired drop, its sampling variance (discordance) and the shared questions. Each d varies by
+    2 sd^2 + v (one launch a side); centred on their mean, sum (d - mean)^2 has expectation
+    (C - 1) / C * sum (2 sd^2 + v) for C cells. As a launch sample (halved, as two launches' sum of
+    squared deviations from their mean is half their difference squared): `between` = sum (d - mean)^2
+    / 2, `within` = (C - 1) / (2 C) sum v, C - 1 degrees of freedom. None for fewer than two cells."""
+    if len(drops) < 2:
+        return None
+    count = len(drops)
+    centre = sum(d for d, _, _ in drops) / count
+    return LaunchSample(df=count - 1, between=sum((d - centre) ** 2 for d, _, _ in drops) / 2,
+                        within=(count - 1) / (2 * count) * sum(v for _, v, _ in drops), n=min(n for _, _, n in drops))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.gate.launches import Answers
+from harness.gate.launches import Answers, drop_with_variance
 
 
 def preload() -> None:
@@ -143,8 +143,7 @@ def launch_variance(launch_sd: float, launches: tuple[float, float] = (1, 1)) ->
 
 def _drop_sd(losses: float, gains: float, n: int) -> float:
     """Standard error of the paired drop (losses - gains) / n on n pairs."""
-    drop = (losses - gains) / n
-    return math.sqrt(max((losses + gains) / n - drop**2, 0.0) / n)
+    return math.sqrt(drop_with_variance(losses, gains, n)[1])
 
 
 def _null_gain_rate(losses, gains, n: int, margin: float):

@@ -26,7 +26,7 @@ from harness.gate.divergence import Divergence, divergence_test
 from harness.gate.evidence import LABELS as EVIDENCE_LABELS
 from harness.gate.evidence import describe as describe_evidence
 from harness.gate.evidence import night_log_e, rejects
-from harness.gate.launches import Answers
+from harness.gate.launches import Answers, drop_with_variance
 from harness.gate.self_checks import self_checks
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
@@ -168,16 +168,12 @@ def what_decides(paired: Paired, label: str) -> str:
     if paired.sampling_variance is not None:
         sampling = paired.sampling_variance
     else:
-        sampling = _drop_variance(paired)
+        sampling = drop_with_variance(paired.losses, paired.gains, paired.n)[1]
     launches = paired.launch_variance
     share = launches / (launches + sampling) if launches + sampling > 0 else 0.0
     if share >= 0.5:
         return f"another launch (launch spread is {share:.0%} of its drop's variance vs {label})"
     return f"more questions (their sampling is {1 - share:.0%} of its drop's variance vs {label})"
-
-
-def _drop_variance(paired: Paired) -> float:
-    return max((paired.losses + paired.gains) / paired.n - paired.drop**2, 0.0) / paired.n
 
 
 Side = CellOutcome | Sequence[CellOutcome] | None  # one run's answers, or several runs' pooled
@@ -221,7 +217,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: Side = None,
           pinned: CellOutcome | None = None, reference_problem: str | None = None,
           divergence_tolerance: float | None = None, launch_sd: float = 0.0,
-          carried: dict[str, tuple[int, float]] | None = None, deterministic: bool = False) -> Verdict:
+          carried: dict[str, tuple[int, float]] | None = None, deterministic: bool = False,
+          evidence_history: Side = None) -> Verdict:
     """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
     and teacher-forced divergence within the tolerance on all but a healthy share of questions);
     `history`: the same cell in its last runs of the suite where it passed (one outcome, or several
@@ -234,7 +231,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     launch-to-launch spread (harness.gate.launches), added to every paired test for each side's
     launches. Every side may hold several launches (its records' `launch`): a question then counts
     by the share of launches that answered it right. `carried`: the cell's evidence from its nights
-    since it last passed (harness.gate.evidence), continued with tonight's first launch.
+    since it last passed (harness.gate.evidence), continued with tonight's first launch against
+    `evidence_history` (the cell's runs from its last pass on; default: `history`).
     `deterministic`: the cell asked for deterministic inference (its self-checks are zero-tolerance).
 
     Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
@@ -252,7 +250,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and test_answers.n > 0
-    evidence = _evidence(outcome, gate, {"reference": reference, "history": history}, launch_sd, carried or {})
+    evidence = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history}, launch_sd, carried or {})
     # An accumulated test is made from a cell's second night on (on its first it would repeat the
     # night's own paired test); its product is kept either way (harness.gate.evidence).
     accumulated = {key: value for key, value in evidence.items() if value[0] > 1}

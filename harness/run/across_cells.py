@@ -79,7 +79,7 @@ def judge_models(gating: Gating, models: int) -> None:
         found: dict[str, list] = {HISTORY_LABEL: [], PINNED_LABEL: []}
         for result in results:
             answers = Answers.of(gating.answers(result.cell_id).questions, extraction)
-            baseline = gating.history.baseline(result.cell_id)
+            baseline = gating.history.baseline(result.cell_id, before_streak=True)
             pinned = gating.history.pinned(result.cell_id)
             for label, runs in ((HISTORY_LABEL, baseline.outcomes if baseline else ()),
                                 (PINNED_LABEL, (pinned[1],) if pinned else ())):

@@ -142,6 +142,7 @@ class Gating:
             self._answers[cell.cell_id] = outcome
         reference = None if reference_missing or cell.reference_cell is None else self._answers.get(cell.reference_cell)
         found = self.history.baseline(cell.cell_id)
+        since_pass = self.history.baseline(cell.cell_id, before_streak=True)
         pinned = self.history.pinned(cell.cell_id)
         if pinned is not None and found is not None and found.run_ids == (pinned[0],):
             pinned = None  # the same run twice is one test, not two
@@ -157,7 +158,8 @@ class Gating:
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found.outcomes if found else None,
                         pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
                         self.launch_sd(cell.model.id, cell.model.launch_sd), self.history.carried_evidence(cell.cell_id),
-                        deterministic=cell.expected.get("enable_deterministic_inference") is True)
+                        deterministic=cell.expected.get("enable_deterministic_inference") is True,
+                        evidence_history=since_pass.outcomes if since_pass else None)
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         if outcome.unverified:
@@ -217,7 +219,7 @@ class Gating:
     # ---- launch spread ---------------------------------------------------------------------------
     def spread(self, model: str) -> SpreadEstimate | None:
         """The launch spread measured on `model`'s cells: this run's launches so far and the history's."""
-        samples = list(self.history.launch_samples(model))
+        samples = list(self.history.launch_samples(model, self.gate.extraction))
         for cell_id, outcome in self._answers.items():
             result = self._results.get(cell_id)
             if result is None or result.model != model:

@@ -1,6 +1,7 @@
 """What earlier runs of a suite tell this one: the latest run's verdicts and durations (for ordering
 and planning), per cell its baseline (the history test of the gate pairs with its answers), the
-suite's pinned run, and the launch-spread samples earlier runs measured (harness.gate.launches).
+suite's pinned run, and the launch-spread samples earlier runs measured (harness.gate.launches):
+those they recorded, and night to night, the first launches of each model's cells in consecutive runs.
 
 A cell's baseline pools its answers in its newest runs under the same protocol where it was judged
 on answers and was not a regression (`pass` or `inconclusive`), up to `gate.history_runs` of them
@@ -11,7 +12,9 @@ and `mismatch` are passed over, never a merely undecided night: pooling only the
 passed would pool the nights its launches came out high (a cell at the edge passes on its good
 nights), and a cell whose one passing night was lucky would then be held undecided against it for
 good (seen in benchmarks/gate_calibration.py: a cell compared with its first night's 0.908 for five
-nights while it scored 0.89).
+nights while it scored 0.89). The tests that only fail a cell and accumulate or pool over
+nights (the evidence across nights, the model-wide tests) pool from the cell's last pass on instead,
+so that a drop that persists does not water down what it is measured against (`baseline`).
 
 `gate.pinned_run: auto` pins the first finished run of this protocol that was not red (no `fail`,
 no `mismatch`; the oldest such run kept): every later night of the protocol is paired with its
@@ -23,6 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.gate.launches import Answers, centred_sample, drop_with_variance
+from harness.gate.stats import paired_comparison
+from harness.gate.verdict import first_launch
 from harness.records import CellOutcome, CellResult, LaunchSample, RunInfo, Status, latest_per_cell
 from harness.results.archive import RunArchive
 from harness.results.catalog import answers_outcome
@@ -53,8 +59,9 @@ class History:
         self.pinned_problem = pinned_problem  # why the suite's pinned run cannot be paired with, if it cannot
         self.pool = max(pool, 1)  # gate.history_runs: passing runs a baseline pools
         self._cells: dict[str, dict[str, CellResult]] = {}
-        self._baselines: dict[str, Baseline | None] = {}  # earlier runs do not change while this one runs
+        self._baselines: dict[tuple[str, bool], Baseline | None] = {}  # earlier runs do not change while this one runs
         self._outcomes: dict[tuple[str, str], CellOutcome | None] = {}
+        self._night_samples: dict[tuple[str, str], list[LaunchSample]] = {}
 
     @classmethod
     def of(cls, archive: RunArchive, suite: str, fingerprint: str, current_run_id: str,
@@ -88,20 +95,25 @@ class History:
         """Cells that failed or mismatched in the latest earlier run."""
         return {result.cell_id for result in self.latest() if result.status.is_regression}
 
-    def baseline(self, cell_id: str) -> Baseline | None:
+    def baseline(self, cell_id: str, before_streak: bool = False) -> Baseline | None:
         """The cell's answers in its newest earlier runs where it was not a regression (up to `pool`),
-        to be pooled; None when there is none."""
-        if cell_id in self._baselines:
-            return self._baselines[cell_id]
+        to be pooled; None when there is none. `before_streak`: only from the run where it last
+        passed on (`_before_streak`), for the tests that must not be watered down by a drop that
+        persists (the evidence across nights, the model-wide tests); the paired history test, which
+        can hold a cell open, pools its newest runs whatever they were (a baseline of its passing
+        nights only is one of its lucky launches, and would hold the cell open for good)."""
+        key = (cell_id, before_streak)
+        if key in self._baselines:
+            return self._baselines[key]
         found = []
-        for run in self._before_streak(cell_id):
+        for run in self._before_streak(cell_id) if before_streak else self.runs:
             answers = self._answers(run, cell_id, BASELINE_STATUSES)
             if answers is not None:
                 found.append(answers)
                 if len(found) == self.pool:
                     break
-        self._baselines[cell_id] = Baseline(tuple(r for r, _ in found), tuple(o for _, o in found)) if found else None
-        return self._baselines[cell_id]
+        self._baselines[key] = Baseline(tuple(r for r, _ in found), tuple(o for _, o in found)) if found else None
+        return self._baselines[key]
 
     def _before_streak(self, cell_id: str) -> list[RunInfo]:
         """The searched runs from the one before the cell's current streak of nights it did not pass
@@ -126,10 +138,37 @@ class History:
                 return {} if result.status is Status.PASS else dict(result.evidence)
         return {}
 
-    def launch_samples(self, model: str) -> list[LaunchSample]:
-        """What the searched runs measured of launch spread on `model`'s cells (harness.gate.launches)."""
-        return [result.launch_sample for run in self.runs for result in self._results(run).values()
-                if result.model == model and result.launch_sample is not None]
+    def launch_samples(self, model: str, extraction: str) -> list[LaunchSample]:
+        """What the searched runs measured of launch spread on `model`'s cells (harness.gate.launches):
+        the samples they recorded (second launches, relaunches' unselected launches), and night to
+        night, each pair of consecutive runs among the newest `pool + 1` (the runs the baselines read)
+        as one `centred_sample` of the model's cells judged on answers in both."""
+        recorded = [result.launch_sample for run in self.runs for result in self._results(run).values()
+                    if result.model == model and result.launch_sample is not None]
+        return recorded + self._night_to_night(model, extraction)
+
+    def _night_to_night(self, model: str, extraction: str) -> list[LaunchSample]:
+        key = (model, extraction)
+        if key not in self._night_samples:
+            recent = self.runs[:self.pool + 1]
+            samples = []
+            for after, before in zip(recent, recent[1:], strict=False):
+                drops = []
+                for cell_id, result in self._results(after).items():
+                    if result.model != model:
+                        continue
+                    now, then = self._answers(after, cell_id, BASELINE_STATUSES), self._answers(before, cell_id, BASELINE_STATUSES)
+                    if now is None or then is None:
+                        continue
+                    paired = paired_comparison(Answers.of(first_launch(now[1].questions), extraction),
+                                               Answers.of(first_launch(then[1].questions), extraction))
+                    if paired is not None:
+                        drops.append(drop_with_variance(paired.losses, paired.gains, paired.n))
+                sample = centred_sample(drops)
+                if sample is not None:
+                    samples.append(sample)
+            self._night_samples[key] = samples
+        return self._night_samples[key]
 
     def _answers(self, run: RunInfo, cell_id: str, statuses: tuple[Status, ...]) -> tuple[str, CellOutcome] | None:
         result = self._results(run).get(cell_id)

@@ -301,10 +301,13 @@ def _close(inputs: RunInputs, info: RunInfo, gating: Gating, sinks: Sinks, inter
     results = sorted(gating.results().values(), key=lambda r: (r.cell_id not in cells, r.cell_id))
     failing = [cells[r.cell_id].factor_values() for r in results if r.status.is_regression and r.cell_id in cells]
     # Cells held open only because their reference was named broken (Gating.name_broken_references)
-    # agree with one another: they are the contrast that points attribution at the reference.
+    # agree with one another, and cells held open by a reference that failed a test of its own (a
+    # self-check) failed none themselves: they are the contrast that points attribution at the reference.
     broken = {r.cell_id for r in results if "reference broken" in r.failed}
+    regressed = {r.cell_id for r in results if r.status.is_regression}
     passing = [cells[r.cell_id].factor_values() for r in results if r.cell_id in cells and (
-        r.status is Status.PASS or (r.status is Status.INCONCLUSIVE and cells[r.cell_id].reference_cell in broken))]
+        r.status is Status.PASS or (r.status is Status.INCONCLUSIVE and (
+            cells[r.cell_id].reference_cell in broken or (cells[r.cell_id].reference_cell in regressed and not r.failed))))]
     explanation = explain(failing, passing)
     exit_code = ExitCode.INTERRUPTED if interrupted else run_exit_code([r.status for r in results])
     info = closed_run_info(info, results, exit_code, interrupted=interrupted,

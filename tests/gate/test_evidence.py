@@ -57,6 +57,7 @@ def test_the_streak_without_a_pass_is_left_out_of_the_baseline_and_a_pass_starts
     archive = MemoryArchive([(info("night-1"), {"a": Status.PASS}), (info("night-2"), {"a": Status.PASS}),
                              (info("night-3"), {"a": Status.INCONCLUSIVE}), (info("night-4"), {"a": Status.INCONCLUSIVE})])
     history = History.of(archive, "nightly", "fp", "night-5", pool=5)
-    assert history.baseline("a").run_ids == ("night-2", "night-1")
+    assert history.baseline("a", before_streak=True).run_ids == ("night-2", "night-1")
+    assert history.baseline("a").run_ids == ("night-4", "night-3", "night-2", "night-1")  # the paired test's
     passed = MemoryArchive([(info("night-1"), {"a": Status.INCONCLUSIVE}), (info("night-2"), {"a": Status.PASS})])
     assert History.of(passed, "nightly", "fp", "night-3").carried_evidence("a") == {}

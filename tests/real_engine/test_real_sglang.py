@@ -219,3 +219,44 @@ def test_each_cell_checks_itself_healthy_cells_pass_and_the_planted_cache_fails_
             assert all(c.replay.cached_tokens for c in checks)  # replayed with the prompt cached
     planted = real_run.cells[PLANTED]
     assert "self-check cache" in planted.failed and planted.self_check_p["cache"] < 1e-4, planted.reason
+
+
+BROKEN_REFERENCE, BLAMELESS = "tiny.ab-torch_native.rc-on", "tiny.ab-torch_native.rc-off"
+
+
+@pytest.fixture(scope="module")
+def broken_reference_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
+    """A second run (issue 42's finding): the suite's baseline is radix cache on (each axis's first
+    value, as a new suite has it) and the server build carries the prefix-KV plant, which only a
+    cache hit shows. Two real servers: the reference (radix on: broken) and radix off (healthy)."""
+    tmp_path = tmp_path_factory.mktemp("broken-reference")
+    models = """  - id: tiny
+    path: {model}
+    floor: 0.0
+    startup_timeout_s: {startup}
+    env: {{REGRESS_STAND_IN_LOG: "{log}", PYTHONPATH: "{plants}", REGRESS_PLANT: prefix_kv}}"""
+    axes = "  attention_backend: [torch_native]\n  radix_cache: [on, off]"
+    results = tmp_path / "results"
+    result = invoke("run", str(cpu_suite(tmp_path, tiny_model, models, axes)), "--results-dir", str(results),
+                    "--no-tracking")
+    run_dir = only_run(results)
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    return RealRun(result.exit_code, result.output, run_dir, cells, tmp_path / "stand-ins.log",
+                   sglang_processes(tiny_model))
+
+
+def test_a_broken_reference_fails_its_own_cache_check_and_the_healthy_cell_is_not_blamed(broken_reference_run):
+    """Before the self-checks the broken radix-on reference passed and the healthy radix-off cell
+    failed on divergence from it. Now the reference fails inside itself (warm against cold after a
+    flush), and the healthy cell is `inconclusive` ("reference broken"), never `fail`."""
+    run = broken_reference_run
+    assert set(run.cells) == {BROKEN_REFERENCE, BLAMELESS} and run.leftover == []
+    assert run.exit_code == 1, run.output  # the broken reference is a regression
+    reference, healthy = run.cells[BROKEN_REFERENCE], run.cells[BLAMELESS]
+    assert reference.status is Status.FAIL and "self-check cache" in reference.failed, reference.reason
+    assert reference.self_check_p["cache"] < 1e-4, reference.reason
+    assert healthy.status is Status.INCONCLUSIVE, healthy.reason
+    assert f"reference broken: {BROKEN_REFERENCE} is fail" in healthy.reason
+    assert not healthy.failed and set(healthy.self_check_p) == {"co-batch", "cache", "replay"}, healthy.reason
+    attribution = json.loads((run.run_dir / "run.json").read_text())["attribution"]
+    assert "radix_cache=on" in attribution, attribution

@@ -39,9 +39,10 @@ def test_each_cell_pairs_with_its_own_last_run_that_was_not_a_regression_and_the
     assert history.pinned_problem is None
     assert history.baseline("a").run_ids == ("night-1",)  # night-2 failed it; night-3 asked other questions
     assert history.baseline("b").run_ids == ("night-2", "night-1")
-    # c's newest night (undecided) is its current streak without a pass: left out of its baseline
-    # (tests/gate/test_evidence.py); an undecided night before its last pass would be pooled.
-    assert history.baseline("c").run_ids == ("night-1",)
+    # c's newest night was undecided: pooled by the paired test (a baseline of its passing nights
+    # only would be its lucky launches), left out where the evidence across nights accumulates.
+    assert history.baseline("c").run_ids == ("night-2", "night-1")
+    assert history.baseline("c", before_streak=True).run_ids == ("night-1",)
     assert history.pinned("b")[0] == "night-1" and history.pinned("b")[1].questions[0].prompt_sha == "night-1"
     # The pin may be any night the cell was judged on answers and was not a regression in.
     assert History.of(archive, "nightly", "fp", "night-4", pinned_run_id="night-2").pinned("c")[0] == "night-2"
@@ -73,3 +74,39 @@ def test_a_pinned_run_that_cannot_be_paired_says_why():
     assert missing.pinned("a") is None and "is not a run of suite nightly" in missing.pinned_problem
     other = History.of(archive, "nightly", "fp", "night-3", pinned_run_id="night-2")
     assert other.pinned("a") is None and "asked other questions" in other.pinned_problem
+
+
+class AnswersArchive(MemoryArchive):
+    """The same, with each cell's answers in each run given."""
+
+    def __init__(self, runs: list[tuple[RunInfo, dict[str, Status]]], right: dict[tuple[str, str], list[bool]]) -> None:
+        super().__init__(runs)
+        self.right = right
+
+    def questions(self, run_id: str, cell_id: str) -> list[QuestionRecord]:
+        return [answer(i, ok, prompt_sha=run_id) for i, ok in enumerate(self.right[run_id, cell_id])]
+
+
+def test_the_cells_first_launches_night_to_night_are_launch_spread_samples_centred_on_the_models_mean():
+    """Three cells in three runs: each pair of runs gives one sample of 2 degrees of freedom, its
+    drops centred on their mean (a shift every cell shares is not spread); a failed cell is left out."""
+    n = 100
+
+    def right(correct: int) -> list[bool]:
+        return [True] * correct + [False] * (n - correct)
+
+    statuses = {"a": Status.PASS, "b": Status.INCONCLUSIVE, "c": Status.PASS}
+    accuracy = {"night-1": {"a": 90, "b": 80, "c": 70}, "night-2": {"a": 86, "b": 78, "c": 70},
+                "night-3": {"a": 80, "b": 80, "c": 66}}
+    archive = AnswersArchive([(info(run), statuses if run != "night-3" else {**statuses, "b": Status.FAIL})
+                              for run in accuracy],
+                             {(run, cell): right(correct) for run, cells in accuracy.items() for cell, correct in cells.items()})
+    history = History.of(archive, "nightly", "fp", "night-4", pool=5)
+    newer, older = history.launch_samples("m", "flexible")  # night-3 vs night-2, then night-2 vs night-1
+    # night-2 vs night-1: drops (of night-2 from night-1) 4, 2, 0 points; centred 2, 0, -2
+    assert older.df == 2 and abs(older.between - (0.02**2 + 0.02**2) / 2) < 1e-12
+    # each drop's sampling variance: its discordant share (nested answers: the drop itself) less the drop squared, over n
+    variances = [(d - d * d) / n for d in (0.04, 0.02, 0.0)]
+    assert abs(older.within - 2 / 6 * sum(variances)) < 1e-12
+    assert newer.df == 1  # b failed on night-3: a and c only
+    assert history.launch_samples("other", "flexible") == []
