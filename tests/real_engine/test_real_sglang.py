@@ -1,6 +1,6 @@
 """Real sglang 0.5.23 on this CPU, launched by `regress run` through Ray (`cluster.platform: cpu`),
 in one run of one suite (a real server's scheduler process alone spends ~20 s of CPU importing
-sglang here, so the tests share one run):
+sglang here, so the tests share two runs):
 
 - radix cache on and off and a tp-2 cell serve a tiny random-weight Llama built here, and healthy
   radix-on passes the teacher-forced divergence test against radix-off;
@@ -9,7 +9,10 @@ sglang here, so the tests share one run):
 - the incident's class of bug, planted by a custom axis value that sets the server's environment
   (wrong KV rows read on prefix-cache hits), fails its radix-on cell by teacher-forced divergence
   against the healthy radix-off reference while every cell scores 0 on GSM8K;
-- nothing is left running, no stop logs a crash, no stand-in function runs.
+- nothing is left running, no stop logs a crash, no stand-in function runs;
+- a second run whose reference (radix on, each axis's first value) carries the prefix-KV plant: the
+  reference fails its own cache check and the healthy radix-off cell is held open ("reference
+  broken"), never failed; a cell with cross-request contamination planted fails its co-batch check.
 
 Needs the environment `make sglang-env` builds (part of `make test`)."""
 
@@ -41,16 +44,17 @@ def tiny_model(_gsm8k_env: Path) -> Path:
     return MODEL_CACHE
 
 
-def cpu_suite(tmp_path: Path, model: Path, models: str, axes: str, extra: str = "") -> Path:
+def cpu_suite(tmp_path: Path, model: Path, models: str, axes: str, extra: str = "", questions: int = 6,
+              concurrency: int = 3) -> Path:
     path = tmp_path / "cpu.yaml"
     path.write_text(f"""
 suite: real-cpu
 engine: sglang
 python: {SGLANG_PYTHON}
 cluster: {{platform: cpu, gpus: 2}}
-num_questions: 6
+num_questions: {questions}
 max_tokens: 12
-concurrency: 3
+concurrency: {concurrency}
 request_timeout_s: {machine_s(120):.0f}
 stop_grace_s: 20
 gate: {{extend_to: null, tolerance: 0.2, min_effect: 0.5, self_checks: {{max_share: 1.0}}}}  # what 6 questions can bound (divergence does the work)
@@ -221,24 +225,30 @@ def test_each_cell_checks_itself_healthy_cells_pass_and_the_planted_cache_fails_
     assert "self-check cache" in planted.failed and planted.self_check_p["cache"] < 1e-4, planted.reason
 
 
-BROKEN_REFERENCE, BLAMELESS = "tiny.ab-torch_native.rc-on", "tiny.ab-torch_native.rc-off"
+BROKEN_REFERENCE = "tiny.ab-torch_native.rc-on.plant-prefix_kv"
+BLAMELESS = "tiny.ab-torch_native.rc-off.plant-prefix_kv"
+CONTAMINATED = "tiny.ab-torch_native.rc-off.plant-co_batch"
 
 
 @pytest.fixture(scope="module")
 def broken_reference_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
     """A second run (issue 42's finding): the suite's baseline is radix cache on (each axis's first
-    value, as a new suite has it) and the server build carries the prefix-KV plant, which only a
-    cache hit shows. Two real servers: the reference (radix on: broken) and radix off (healthy)."""
+    value, as a new suite has it) and that server carries the prefix-KV plant, which only a cache hit
+    shows; radix off with the same plant never hits the cache (healthy). A third server mixes other
+    requests' numbers into a prefill that shares the server with them (`co_batch`). 12 questions,
+    4 at a time, so that most evaluation requests have company."""
     tmp_path = tmp_path_factory.mktemp("broken-reference")
     models = """  - id: tiny
     path: {model}
     floor: 0.0
     startup_timeout_s: {startup}
-    env: {{REGRESS_STAND_IN_LOG: "{log}", PYTHONPATH: "{plants}", REGRESS_PLANT: prefix_kv}}"""
-    axes = "  attention_backend: [torch_native]\n  radix_cache: [on, off]"
+    env: {{REGRESS_STAND_IN_LOG: "{log}", PYTHONPATH: "{plants}"}}"""
+    axes = ("  attention_backend: [torch_native]\n  radix_cache: [on, off]\n"
+            "  plant: {prefix_kv: {env: {REGRESS_PLANT: prefix_kv}}, co_batch: {env: {REGRESS_PLANT: co_batch}}}")
+    extra = "exclude:\n  - {plant: co_batch, radix_cache: on}"
     results = tmp_path / "results"
-    result = invoke("run", str(cpu_suite(tmp_path, tiny_model, models, axes)), "--results-dir", str(results),
-                    "--no-tracking")
+    suite = cpu_suite(tmp_path, tiny_model, models, axes, extra, questions=12, concurrency=4)
+    result = invoke("run", str(suite), "--results-dir", str(results), "--no-tracking")
     run_dir = only_run(results)
     cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
     return RealRun(result.exit_code, result.output, run_dir, cells, tmp_path / "stand-ins.log",
@@ -250,7 +260,8 @@ def test_a_broken_reference_fails_its_own_cache_check_and_the_healthy_cell_is_no
     failed on divergence from it. Now the reference fails inside itself (warm against cold after a
     flush), and the healthy cell is `inconclusive` ("reference broken"), never `fail`."""
     run = broken_reference_run
-    assert set(run.cells) == {BROKEN_REFERENCE, BLAMELESS} and run.leftover == []
+    served = {cell_id for cell_id, cell in run.cells.items() if cell.status is not Status.SKIPPED}
+    assert served == {BROKEN_REFERENCE, BLAMELESS, CONTAMINATED} and run.leftover == []
     assert run.exit_code == 1, run.output  # the broken reference is a regression
     reference, healthy = run.cells[BROKEN_REFERENCE], run.cells[BLAMELESS]
     assert reference.status is Status.FAIL and "self-check cache" in reference.failed, reference.reason
@@ -259,4 +270,14 @@ def test_a_broken_reference_fails_its_own_cache_check_and_the_healthy_cell_is_no
     assert f"reference broken: {BROKEN_REFERENCE} is fail" in healthy.reason
     assert not healthy.failed and set(healthy.self_check_p) == {"co-batch", "cache", "replay"}, healthy.reason
     attribution = json.loads((run.run_dir / "run.json").read_text())["attribution"]
-    assert "radix_cache=on" in attribution, attribution
+    # Two failures of two causes: the healthy cell (held open by the reference) is the contrast.
+    assert attribution == "radix_cache=on (covers 1 of 2 failing cells and 0 passing)", attribution
+
+
+def test_a_cell_whose_prefill_reads_other_requests_fails_its_co_batch_check(broken_reference_run):
+    """Cross-request contamination planted in real sglang: a prefill that shares the server with
+    other requests is off, one alone is right. The cell fails its own co-batch check (its teacher text
+    scored alone against the evaluation's, scored among the others), whatever its reference."""
+    cell = broken_reference_run.cells[CONTAMINATED]
+    assert cell.status is Status.FAIL and "self-check co-batch" in cell.failed, cell.reason
+    assert cell.self_check_p["co-batch"] < 1e-4 and cell.self_check_p["cache"] > 0.01, cell.reason

@@ -10,6 +10,10 @@ folder) and REGRESS_PLANT; with REGRESS_PLANT unset nothing is touched. Never on
   attention over post-RoPE keys ignores their order, nor would one row: it moves the output little), in the
   torch_native backend's extend; a request without a cache hit, and every decode step's own
   attention call, are untouched. Nothing raises: the server answers, only the numbers are wrong.
+- `co_batch`: cross-request contamination. A prefill (the torch_native backend's extend) that runs
+  while other requests are in the server (in the same prefill batch, or decoding in its running
+  batch) adds to each token's attention output that of the token before it in the batch (across a
+  request's start, another request's). A request alone in the server is untouched.
 """
 
 import importlib.abc
@@ -18,9 +22,10 @@ import os
 import sys
 
 PLANT = os.environ.get("REGRESS_PLANT", "")
-TARGETS = {"scheduler_crash": "sglang.srt.managers.scheduler",
-           "prefix_kv": "sglang.srt.layers.attention.torch_native_backend"}
-TARGET = TARGETS.get(PLANT, "")
+SCHEDULER, TORCH_NATIVE = "sglang.srt.managers.scheduler", "sglang.srt.layers.attention.torch_native_backend"
+TARGETS = {"scheduler_crash": {SCHEDULER}, "prefix_kv": {TORCH_NATIVE}, "co_batch": {SCHEDULER, TORCH_NATIVE}}
+PENDING = set(TARGETS.get(PLANT, ()))
+CROWDED = [False]  # co_batch: whether the batch being run shares the server with other requests
 
 
 def _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens):
@@ -37,6 +42,28 @@ def _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens):
 
 
 def _plant(module):
+    if PLANT == "co_batch" and module.__name__ == SCHEDULER:
+        original_run = module.Scheduler.run_batch
+
+        def run_batch(self, batch, *args, **kwargs):
+            others = len(self.running_batch.reqs) if self.running_batch is not None else 0
+            CROWDED[0] = batch.forward_mode.is_extend() and (len(batch.reqs) > 1 or others > 0)
+            try:
+                return original_run(self, batch, *args, **kwargs)
+            finally:
+                CROWDED[0] = False
+
+        module.Scheduler.run_batch = run_batch
+    if PLANT == "co_batch" and module.__name__ == TORCH_NATIVE:
+        original_extend = module.TorchNativeAttnBackend._run_sdpa_forward_extend
+
+        def crowded_extend(self, query, output, *args, **kwargs):
+            result = original_extend(self, query, output, *args, **kwargs)
+            if CROWDED[0]:
+                output.add_(output.roll(shifts=1, dims=0))
+            return result
+
+        module.TorchNativeAttnBackend._run_sdpa_forward_extend = crowded_extend
     if PLANT == "prefix_kv":
         backend = module.TorchNativeAttnBackend
         original = backend._run_sdpa_forward_extend
@@ -58,13 +85,12 @@ def _plant(module):
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != TARGET:
+        if name not in PENDING:
             return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-        finally:
-            sys.meta_path.insert(0, self)
+        PENDING.discard(name)
+        if not PENDING:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
@@ -78,5 +104,5 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if TARGET:
+if PENDING:
     sys.meta_path.insert(0, _AfterImport())
