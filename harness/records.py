@@ -221,6 +221,8 @@ class Verdict(Record):
     failed: list[str] = []
     # The cell's self-checks (harness.gate.self_checks): check ("co-batch", "cache", "replay") -> its p-value
     self_check_p: dict[str, float] = {}
+    # co-batch, cache -> the 95th percentile of the sampled questions' divergences (regress calibrate)
+    self_check_high: dict[str, float] = {}
     # The evidence of a drop accumulated over the cell's nights since it last passed (harness.gate.evidence):
     # test ("reference", "history") -> [nights, log e-value]
     evidence: dict[str, tuple[int, float]] = {}

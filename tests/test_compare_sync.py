@@ -18,6 +18,7 @@ def night(tmp_path, with_bug: bool, *extra: str):
     world = yaml.safe_load(INCIDENT_WORLD.read_text())
     if not with_bug:
         world["bugs"] = []
+    world["path_noise"] = 0.02  # a server's own paths differ a little, as on real sglang
     (tmp_path / "world.yaml").write_text(yaml.safe_dump(world))
     suite = yaml.safe_load(open("configs/demo.yaml"))
     suite["sim_world"] = str(tmp_path / "world.yaml")
@@ -46,6 +47,9 @@ def test_compare_names_the_newly_failing_cell(ray_local, tmp_path):
                                           str(tmp_path / "results"), "--num-questions", "60"])
     assert calibrated.exit_code == 0, calibrated.output
     assert f"pinned_run: {first_night}" in calibrated.output and "kimi-linear: accuracy: 0." in calibrated.output
+    # The cells' own paths (batched or alone, warm or cold) moved their numbers by up to 0.02 nats.
+    proposed = next(line for line in calibrated.output.splitlines() if "gate.self_checks.tolerance: " in line)
+    assert 0.01 < float(proposed.split(": ")[1].split()[0]) <= 0.03, proposed
     assert "still passing" in rows["kimi-linear.ab-triton.um-on.rc-on"]
     assert "+0.000" in rows["kimi-linear.ab-fa3.um-off.rc-on"]  # same world, same answers: no difference
 

@@ -27,6 +27,10 @@ pairs, times 1.5 and rounded up to two significant digits. A healthy cell then h
 questions beyond it, half the 10% the test's null hypothesis allows, so healthy nights stay green
 while a bug that moves most questions is still far beyond it.
 
+The self-checks' tolerance (gate.self_checks.tolerance, one for the suite: how far a cell's own
+numbers move between batches, or warm and cold) by the same rule from the 95th percentile each
+passing cell recorded of its co-batch and cache checks (`propose_self_check_tolerance`).
+
 The pinned run proposed is the newest run in which every cell that ran passed: a good night that
 every later night is also paired with (gate.pinned_run), so that a slow drift cannot pass unseen
 (`pinned_run: auto` pins the first run of the protocol that was not red instead).
@@ -205,6 +209,35 @@ def propose_divergence(runs: list[tuple[RunInfo, list[CellResult]]], current: di
                                                 current=tolerance,
                                                 proposed=_round_up(DIVERGENCE_MARGIN * max(pairs.values()))))
     return proposals
+
+
+@dataclass(frozen=True)
+class SelfCheckProposal:
+    checks: dict[str, float]  # check (co-batch, cache) -> the highest 95th percentile of a passing cell
+    cells: int
+    current: float | None  # gate.self_checks.tolerance now (None: each model's divergence tolerance)
+    proposed: float
+
+
+def propose_self_check_tolerance(runs: list[tuple[RunInfo, list[CellResult]]],
+                                 current: float | None) -> SelfCheckProposal | None:
+    """gate.self_checks.tolerance from the passing cells' recorded 95th percentile of their sampled
+    questions' divergence, co-batch and cache together: the highest, times 1.5, rounded up to two
+    significant digits (the divergence tolerance's rule). None when no passing cell recorded one, or
+    none moved at all (there is no healthy spread to scale)."""
+    highs: dict[str, float] = {}
+    cells = 0
+    for _, results in runs:
+        for cell in results:
+            if cell.status is not Status.PASS or not cell.self_check_high:
+                continue
+            cells += 1
+            for name, high in cell.self_check_high.items():
+                highs[name] = max(highs.get(name, 0.0), high)
+    if not highs or max(highs.values()) <= 0:
+        return None
+    return SelfCheckProposal(dict(sorted(highs.items())), cells, current,
+                             _round_up(DIVERGENCE_MARGIN * max(highs.values())))
 
 
 def _test_split(cell: CellResult) -> tuple[int, int]:

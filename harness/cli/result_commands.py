@@ -180,7 +180,8 @@ def calibrate(
     regression) and so its floor (that minus gate.floor_margin), its launch spread (launch_sd: what
     moves a cell between consecutive runs beyond its questions' sampling), its divergence tolerance
     (1.5 x the highest 95th percentile of a passing cell's teacher-forced divergence, per backend
-    pair), and a run to pin (the newest run in which every cell passed). Prints tables and the YAML
+    pair), the self-checks' tolerance (the same rule over the cells' own co-batch and cache
+    checks), and a run to pin (the newest run in which every cell passed). Prints tables and the YAML
     to paste; changes no file.
 
     Example: `regress calibrate configs/nightly.yaml --runs 14 --tracking-uri http://mlflow:5000`
@@ -194,6 +195,7 @@ def calibrate(
         propose_floors,
         propose_launch_spread,
         propose_launch_spread_within,
+        propose_self_check_tolerance,
     )
     from harness.errors import ConfigError
     from harness.records import latest_per_cell
@@ -245,14 +247,27 @@ def calibrate(
             for pair, high in t.pairs.items():
                 table.add_row(t.model, pair, f"{high:.3g}", f"{t.current:.3g}", f"{t.proposed:.3g}")
         console().print(table)
+    checks = propose_self_check_tolerance(measured, spec.gate.self_checks.tolerance)
+    if checks is not None:
+        now = f"{checks.current:.3g}" if checks.current else "each model's divergence tolerance"
+        table = Table(title=f"self-check tolerance (nats/token): the highest 95th percentile of {checks.cells} passing "
+                            "cells' own questions")
+        for column in ("check", "highest p95", "tolerance now", "proposed"):
+            table.add_column(column)
+        for name, high in checks.checks.items():
+            table.add_row(name, f"{high:.3g}", now, f"{checks.proposed:.3g}")
+        console().print(table)
     pinned = pinnable_run(measured)
-    lines = [f"# to paste into {suite}: each model's accuracy, launch spread and divergence tolerance, and the run to pin"]
+    lines = [f"# to paste into {suite}: each model's accuracy, launch spread and divergence tolerance, the "
+             "self-checks' tolerance, and the run to pin"]
     lines += [f"#   {p.model}: accuracy: {p.mean:.3f}   (floor {p.proposed:.3f}; now {p.current:.3f})" for p in proposals]
     lines += [f"#   {model}: launch_sd: {estimate.sd:.4f}   (within runs, {estimate.df} df)"
               for model, estimate in sorted(within.items())]
     lines += [f"#   {spread.model}: launch_sd: {spread.launch_sd:.4f}   (night to night, from {spread.pairs} cell pairs; "
               "no run of this model relaunched anything)" for spread in spreads if spread.model not in within]
     lines += [f"#   {t.model}: divergence_tolerance: {t.proposed:.3g}   (now {t.current:.3g})" for t in tolerances]
+    if checks is not None:
+        lines.append(f"#   gate.self_checks.tolerance: {checks.proposed:.3g}   (now {checks.current or 'unset'})")
     if pinned is not None:
         lines.append(f"gate: {{pinned_run: {pinned.run_id}}}  # every cell passed; started {pinned.started_at}")
     else:

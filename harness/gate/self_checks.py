@@ -9,7 +9,9 @@
   paired drop in accuracy (losses: right first, wrong on the replay), H0: drop <= gate.tolerance.
 
 co-batch and cache are the divergence test's exact binomial on the count beyond against
-`healthy_share` (harness.gate.divergence); with deterministic inference on (the cell asked for it)
+`healthy_share` (harness.gate.divergence), beyond `gate.self_checks.tolerance` (nats/token; unset:
+the model's divergence tolerance; `regress calibrate` proposes it from the 95th percentile, `high`,
+passing cells recorded); with deterministic inference on (the cell asked for it)
 both are zero-tolerance: a single question whose numbers moved at all is beyond, and none may be.
 Each check can fail a cell, never hold it open, at its share of the cell's self-check alpha
 (harness.gate.budget); a check the server could not answer is "not measured", never passed.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.gate.divergence import beyond_p, question_divergence
+from harness.gate.divergence import TOP_QUANTILE, beyond_p, quantile, question_divergence
 from harness.gate.stats import drop_above_margin_p
 from harness.records import QuestionRecord, TeacherForced
 
@@ -33,6 +35,7 @@ class SelfCheck:
     beyond: int  # diverged (co-batch, cache) or answered right first and wrong on the replay
     p: float
     detail: str
+    high: float | None = None  # co-batch, cache: the 95th percentile of the questions' divergences (regress calibrate)
 
     def describe(self, alpha: float) -> str:
         verdict = f" < {alpha:.2g}" if self.p < alpha else ""
@@ -51,7 +54,8 @@ def _divergence_check(name: str, pairs: list[tuple[TeacherForced, TeacherForced]
     p = beyond_p(beyond, len(compared), share) if share > 0 else (0.0 if beyond else 1.0)
     rule = "moved at all (deterministic inference)" if deterministic else f"beyond {tolerance:.3g} nats/token"
     return SelfCheck(name, len(compared), beyond, p, f"{beyond} of {len(compared)} questions {what} {rule} "
-                                                      f"(healthy: <= {share:.0%}; worst {worst:.3g} nats/token)")
+                                                      f"(healthy: <= {share:.0%}; worst {worst:.3g} nats/token)",
+                     high=quantile([value for value, _, _ in compared], TOP_QUANTILE))
 
 
 def self_checks(records: list[QuestionRecord], tolerance: float, healthy_share: float, margin: float,

@@ -268,7 +268,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     if diverged is not None:  # it can fail the cell, never hold it open (harness.gate.divergence)
         parts.append(_TestOutcome(Status.FAIL if diverged.p < alpha else Status.PASS, diverged.describe(alpha), test="divergence"))
     checks, not_measured = ([], []) if not stage.self_check_alpha else self_checks(
-        first_launch(outcome.questions), divergence_tolerance or gate.divergence.tolerance,
+        first_launch(outcome.questions), gate.self_checks.tolerance or divergence_tolerance or gate.divergence.tolerance,
         gate.divergence.healthy_share, gate.tolerance, deterministic, gate.extraction)
     for check in checks:  # each can fail the cell, never hold it open (harness.gate.self_checks)
         check_alpha = stage.self_check_alpha / len(checks)
@@ -306,6 +306,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                    decide=decide, evidence=evidence,
                    failed=[*(["early stop"] if outcome.stopped_early else []),
                            *(part.test for part in parts if part.status is Status.FAIL)], self_check_p={check.name: check.p for check in checks},
+                   self_check_high={check.name: check.high for check in checks if check.high is not None},
                    mcnemar_p=paired.p_drop if paired else None,
                    agreement=paired.agreement if paired else None,
                    history_p=history_paired.p_drop if history_paired else None,

@@ -51,6 +51,13 @@ CELL_METRIC_COLUMNS = ("accuracy", "ci_low", "ci_high", "n", "invalid_rate", "mc
 RUN_METRIC_COLUMNS = ("cells_fail", "cells_inconclusive", "cells_error", "cells_mismatch", "cells_pass")
 
 
+def self_check_metrics(result: CellResult) -> dict[str, float]:
+    """The cell's self-checks as metrics: `self_check_co_batch_p`, `self_check_cache_high`, ..."""
+    found = {f"self_check_{name.replace('-', '_')}_p": p for name, p in result.self_check_p.items()}
+    found.update({f"self_check_{name.replace('-', '_')}_high": high for name, high in result.self_check_high.items()})
+    return found
+
+
 def _question_row(record: QuestionRecord) -> dict[str, Any]:
     """A question as one row of the MLflow table: the teacher-forced pass summarised (its tokens'
     log-probabilities stay in the results folder's questions/<cell>.jsonl; the divergence test
@@ -284,7 +291,8 @@ class Tracker:
                    "startup_s": result.timings.startup_s, "eval_s": result.timings.eval_s,
                    "total_s": result.timings.total_s, "queued_s": result.timings.queued_s,
                    "requests_per_s": result.throughput.requests_per_s,
-                   "output_tokens_per_s": result.throughput.output_tokens_per_s}
+                   "output_tokens_per_s": result.throughput.output_tokens_per_s,
+                   **self_check_metrics(result)}
         self._batch(run_id, metrics=metrics, step=result.stage - 1,
                     tags={"status": result.status.value, "cell_id": result.cell_id, "reason": result.reason,
                           "stage": str(result.stage), "questions_logged": str(len(questions))})

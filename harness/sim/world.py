@@ -135,6 +135,11 @@ class World(_Strict):
     # positions (near-ties). Per attention backend: `backend_drift`.
     logprob_drift: float = Field(0.01, ge=0, le=1)
     backend_drift: dict[str, float] = {}
+    # Healthy numerics along a server's own paths: a text scored in a batch or alone, read from the
+    # prefix cache or computed, moves each log-probability by a draw in [-path_noise, path_noise)
+    # nats per path (kernels that are not batch-invariant; real sglang on CPU, radix on: 0.013-0.033
+    # nats/token mean between paths, README). 0: every path gives the same numbers.
+    path_noise: float = Field(0.0, ge=0, le=1)
 
     def bug_active(self, bug: Bug, commit: str | None) -> bool:
         if bug.since_commit is None:
@@ -212,6 +217,9 @@ class World(_Strict):
         logprobs += drift * (2 * unit_draws(count, self.seed, model_path, question, signature, "drift") - 1)
         top_is_token = unit_draws(count, self.seed, model_path, question, "top") < 0.6
         top_is_token ^= unit_draws(count, self.seed, model_path, question, signature, "tie") < min(drift, 1.0)
+        if self.path_noise:
+            logprobs += self.path_noise * (2 * unit_draws(count, self.seed, model_path, question, signature, "path",
+                                                          batched, prefix_hit) - 1)
         if bug is not None:
             logprobs -= bug.divergence * (0.5 + unit_draws(count, self.seed, bug.name, question))
             top_is_token ^= unit_draws(count, self.seed, bug.name, question, "top") < bug.top1_flip

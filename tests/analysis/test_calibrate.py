@@ -10,6 +10,7 @@ from harness.analysis.calibrate import (
     propose_divergence,
     propose_floors,
     propose_launch_spread,
+    propose_self_check_tolerance,
 )
 from harness.records import CellResult, RunInfo, Status, latest_per_cell
 from tests.records import result, run_info
@@ -95,3 +96,15 @@ def test_the_launch_spread_measured_recovers_the_one_planted():
     assert quiet.launch_sd < 0.0015
     (shifted,) = propose_launch_spread(pairs(0.0, -0.01))
     assert shifted.launch_sd < 0.0015
+
+
+def test_the_self_check_tolerance_proposed_covers_the_worst_passing_cell_with_margin():
+    runs = [(info("a"), [result("m.x", Status.PASS, "m", self_check_high={"co-batch": 0.012, "cache": 0.02}),
+                         result("m.y", Status.FAIL, "m", self_check_high={"co-batch": 0.9, "cache": 1.4})]),
+            (info("b"), [result("m.x", Status.PASS, "m", self_check_high={"co-batch": 0.031, "cache": 0.0}),
+                         result("m.z", Status.PASS, "m")])]  # z made no self-check
+    proposal = propose_self_check_tolerance(runs, None)
+    assert proposal.checks == {"cache": 0.02, "co-batch": 0.031}  # the failing cell is no evidence
+    assert proposal.cells == 2 and proposal.proposed == 0.047 and proposal.current is None
+    still = [(info("c"), [result("m.x", Status.PASS, "m", self_check_high={"co-batch": 0.0, "cache": 0.0})])]
+    assert propose_self_check_tolerance(still, 0.1) is None  # nothing moved: no spread to scale

@@ -93,7 +93,8 @@ def test_a_tracker_in_a_child_process_logs_what_one_in_process_logs_and_resumes_
     first = TrackerProcess(uri)
     first.connect(info.suite)  # returns at once; the child imports MLflow meanwhile
     parent = first.start(info, {"base_url": "http://x"})
-    cell = first.log_cell(result("m.a", Status.FAIL, accuracy=0.2, n=2), [answer(0, True), answer(1, False)],
+    cell = first.log_cell(result("m.a", Status.FAIL, accuracy=0.2, n=2, self_check_p={"co-batch": 1e-6, "replay": 0.5},
+                                 self_check_high={"co-batch": 0.8}), [answer(0, True), answer(1, False)],
                           {"attention_backend": "fa3"}, "server log")
     first.finish(info, {"summary.md": "# eval-1"})
     first.close()
@@ -102,6 +103,8 @@ def test_a_tracker_in_a_child_process_logs_what_one_in_process_logs_and_resumes_
     client = MlflowClient(tracking_uri=uri)
     (child,) = client.search_runs([first.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
     assert child.info.run_id == cell and child.data.metrics["accuracy"] == 0.2 and child.data.tags["status"] == "fail"
+    assert {key: value for key, value in child.data.metrics.items() if key.startswith("self_check")} == {
+        "self_check_co_batch_p": 1e-6, "self_check_replay_p": 0.5, "self_check_co_batch_high": 0.8}
     assert {a.path for a in client.list_artifacts(cell)} >= {"questions.json", "server.log", "server_info.json"}
 
     resumed = TrackerProcess(uri)
