@@ -269,6 +269,10 @@ def test_undecided_cells_are_extended_with_unasked_test_then_train_questions_and
     # The extension asks the test questions the plan did not, then train questions: 1,319 + 181.
     assert len(indices) == 1500 and len(set(test)) == 1319 and len(set(extra)) == len(extra) == 181
     assert final["dsv2.ab-fa3"].floor_n == 1319
+    # The self-checks are made at stage 1 (20 of 200 questions); the extended line keeps their figures.
+    assert first["dsv2.ab-fa3"].self_check_p and final["dsv2.ab-fa3"].stage == 2
+    assert final["dsv2.ab-fa3"].self_check_p == first["dsv2.ab-fa3"].self_check_p
+    assert final["dsv2.ab-fa3"].self_check_high == first["dsv2.ab-fa3"].self_check_high
 
 
 def test_a_cell_no_node_can_hold_waits_then_says_why_and_the_rest_run(ray_local, tmp_path, monkeypatch):

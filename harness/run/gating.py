@@ -177,6 +177,10 @@ class Gating:
         earlier = self._results.get(cell.cell_id)
         if not log and earlier is not None:
             result = result.model_copy(update={"log_path": earlier.log_path})
+        if earlier is not None and earlier.self_check_p and not result.self_check_p:
+            # Made at stage 1 only: their figures stand on the cell's later lines (regress calibrate reads the last).
+            result = result.model_copy(update={"self_check_p": earlier.self_check_p,
+                                               "self_check_high": earlier.self_check_high})
         result = self.sinks.cell(FinishedCell(result, outcome.questions, outcome.server.resolved, log))
         self._results[cell.cell_id] = result
         return result
