@@ -11,13 +11,17 @@ servers. Each trial redraws the world's seed.
 How each sampled question's checks are drawn, as the simulator serves them (harness.sim.server):
 the evaluation's teacher-forced request batched with others and warm (a prefix-cache hit with the
 radix cache on); `alone` warm and not batched; `cold` neither (the cache flushed); the replay's
-answer warm (its whole prompt seen) and batched (replays run side by side). One bug class at a
+answer warm (its whole prompt seen) and batched (replays run side by side); the decode check's
+answer cold (decoded from position 0: its numbers are a prefill's), its follow-up warm, a prefix
+hit and (radix on) a decode-cache hit, both against a prefill from scratch. One bug class at a
 time, on one cell (Kimi-Linear, fa3, unified memory and radix on), its reference untouched; and
 each class on the *reference* (Kimi-Linear, triton), its cells untouched:
 
 - warm: right cold, wrong warm (sglang PR #16053's class), answers wrong;
 - kv on hits: the cache's KV rows read wrong on a hit, log-probabilities only (no final answer moves);
 - batched: a request's numbers depend on what is batched with it, log-probabilities only;
+- decode hit: rows a decode wrote, read back from the cache, are wrong (the decode-cache-hit class
+  of sglang's kl_test_utils), log-probabilities only;
 - healthy: no bug (the world's numeric drift only).
 
 Exact 95% intervals (Clopper-Pearson).
@@ -38,10 +42,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from divergence import exact_interval, reseeded, setup  # noqa: E402
 
+from harness.benchmark.decode_check import DECODED_TOKENS, FOLLOW_TOKENS  # noqa: E402
 from harness.benchmark.gsm8k.dataset import load_gsm8k  # noqa: E402
 from harness.benchmark.gsm8k.protocol import build_plan  # noqa: E402
-from harness.gate.self_checks import self_checks  # noqa: E402
-from harness.records import QuestionRecord, Replay, SelfChecks, TeacherForced  # noqa: E402
+from harness.gate.self_checks import CHECKS, self_checks  # noqa: E402
+from harness.records import DecodeCheck, QuestionRecord, Replay, SelfChecks, TeacherForced  # noqa: E402
 from harness.run.build import RunInputs  # noqa: E402
 from harness.run.pipeline import run_budget, self_check_count  # noqa: E402
 from harness.sim.server import split_prompt  # noqa: E402
@@ -53,6 +58,7 @@ CLASSES = {
     "warm": {"trigger": "warm", "style": "wrong"},
     "kv on hits": {"trigger": "prefix_hit", "style": "unchanged"},
     "batched": {"trigger": "batched", "style": "unchanged"},
+    "decode hit": {"trigger": "decode_hit", "style": "unchanged"},
     "healthy": None,
 }
 
@@ -61,6 +67,18 @@ def teacher(world, resolved, question, continuation, hit: bool, batched: bool) -
     scores = world.teacher_forced(resolved["model_path"], question, continuation, resolved, hit, batched=batched)
     return TeacherForced(start=1, token_ids=list(scores.token_ids), logprobs=list(scores.logprobs),
                          top_ids=list(scores.top_ids))
+
+
+def decode(world, resolved, question, text: str, radix: bool) -> DecodeCheck:
+    """The decode check of one question as the simulator serves it: the answer decoded cold (a
+    prefill's numbers), the follow-up warm with (radix on) its answer's decoded rows cached."""
+    pieces = [text[i:i + 4] for i in range(0, len(text), 4)][:DECODED_TOKENS + FOLLOW_TOKENS]
+    model = resolved["model_path"]
+    cold = list(world.teacher_forced(model, question, "", resolved, False, chunks=pieces).logprobs)
+    warm = world.teacher_forced(model, question, "", resolved, radix, chunks=pieces, decode_hit=radix, warm=radix)
+    split = min(DECODED_TOKENS, len(pieces) - 1)
+    return DecodeCheck(prompt_tokens=1, token_ids=list(range(len(pieces))), decoded=cold[:split] + list(warm.logprobs[split:]),
+                       prefilled=cold, follow_start=split, follow_cached=len(pieces) if radix else 0)
 
 
 def cell_records(state, cell, world, sampled: int) -> list[QuestionRecord]:
@@ -77,7 +95,8 @@ def cell_records(state, cell, world, sampled: int) -> list[QuestionRecord]:
         checks = SelfChecks(alone=teacher(world, resolved, question, prompt.teacher, radix, False),
                             cold=teacher(world, resolved, question, prompt.teacher, False, False),
                             replay=Replay(correct=again.kind == "right", correct_strict=again.kind == "right",
-                                          output=again.kind))
+                                          output=again.kind),
+                            decode=decode(world, resolved, question, prompt.teacher, radix))
         records.append(QuestionRecord(
             index=prompt.index, prompt_sha="", gold=prompt.gold, pred=None, correct=first.kind == "right",
             correct_strict=first.kind == "right", finish_reason="stop", output=first.kind, latency_s=0.0,
@@ -97,12 +116,12 @@ def play(state, trials: int, console: Console, sampled: int | None = None) -> No
     spec = state.gate
     table = Table(title=f"self-checks: {sampled} of {len(state.prompts)} questions sampled per cell, "
                         f"{alpha:.2g} per cell over its checks ({trials} trials)")
-    for column in ("bug class", "on", "the broken cell failed", "by check (co-batch / cache / replay)",
+    for column in ("bug class", "on", "the broken cell failed", f"by check ({' / '.join(CHECKS)})",
                    "healthy cells failed (of all)"):
         table.add_column(column)
     for name, bug in CLASSES.items():
         for on in ((TARGET, REFERENCE) if bug else (None,)):
-            caught, by_check, healthy_failed, healthy_total = 0, {"co-batch": 0, "cache": 0, "replay": 0}, 0, 0
+            caught, by_check, healthy_failed, healthy_total = 0, dict.fromkeys(CHECKS, 0), 0, 0
             for trial in range(trials):
                 bugs = []
                 if bug:  # on exactly that configuration
@@ -125,7 +144,7 @@ def play(state, trials: int, console: Console, sampled: int | None = None) -> No
                         healthy_failed += bool(failed)
                         healthy_total += 1
             table.add_row(name, on or "-", exact_interval(caught, trials) if on else "-",
-                          " / ".join(str(by_check[c]) for c in ("co-batch", "cache", "replay")) if on else "-",
+                          " / ".join(str(by_check[c]) for c in CHECKS) if on else "-",
                           exact_interval(healthy_failed, healthy_total))
     console.print(table)
 

@@ -55,6 +55,20 @@ class Replay(Record):
     error: str | None = None  # the request failed (never a score: the question is left out of the test)
 
 
+class DecodeCheck(Record):
+    """A sampled question decoded again and its decoded tokens then prefilled from scratch
+    (harness.benchmark.decode_check; sglang's own kl_test_utils compare the same): a server's
+    decode path, and a request that reads KV rows a decode wrote, against a prefill of the same tokens."""
+
+    prompt_tokens: int = 0
+    token_ids: list[int] = []  # the answer's decoded tokens, then the follow-up's (from `follow_start` on)
+    decoded: list[float] = []  # each token's log-probability as the server decoded it
+    prefilled: list[float] = []  # the same token's log-probability in a prefill of the whole sequence from scratch
+    follow_start: int = 0
+    follow_cached: int | None = None  # the follow-up's prompt tokens read from the cache (> prompt_tokens: decode-written rows)
+    error: str | None = None  # a request failed (never a score: the question is left out of the check)
+
+
 class SelfChecks(Record):
     """A sampled question asked again inside its own cell, after the evaluation, one at a time
     (harness.benchmark.self_checks): evidence that needs no reference cell."""
@@ -62,6 +76,7 @@ class SelfChecks(Record):
     alone: TeacherForced | None = None  # its teacher text scored with nothing else in flight (the cache warm)
     cold: TeacherForced | None = None  # the same right after the prefix cache was flushed (None: no flush route)
     replay: Replay | None = None  # its question answered again, the cache warm with its whole prompt
+    decode: DecodeCheck | None = None  # its answer decoded again, then prefilled from scratch (None: not asked)
 
 
 class QuestionRecord(Record):
@@ -219,9 +234,9 @@ class Verdict(Record):
     # The tests that failed it: floor, reference, history, pinned, divergence, early stop,
     # self-check <name>, evidence <name>, model-wide, reference broken
     failed: list[str] = []
-    # The cell's self-checks (harness.gate.self_checks): check ("co-batch", "cache", "replay") -> its p-value
+    # The cell's self-checks (harness.gate.self_checks): check ("co-batch", "cache", "decode", "replay") -> its p-value
     self_check_p: dict[str, float] = {}
-    # co-batch, cache -> the 95th percentile of the sampled questions' divergences (regress calibrate)
+    # co-batch, cache, decode -> the 95th percentile of the sampled questions' divergences (regress calibrate)
     self_check_high: dict[str, float] = {}
     # The evidence of a drop accumulated over the cell's nights since it last passed (harness.gate.evidence):
     # test ("reference", "history") -> [nights, log e-value]

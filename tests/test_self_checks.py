@@ -49,6 +49,18 @@ def test_a_cell_whose_answers_depend_on_their_batch_fails_its_co_batch_check(ray
     assert cells["dsv2.ab-triton"].self_check_p["co-batch"] > 0.01
 
 
+def test_a_cell_wrong_only_where_a_prompt_reads_its_own_decoded_rows_fails_its_decode_check(ray_local, tmp_path):
+    """The decode-cache-hit class (sglang's kl_test_utils): rows a decode wrote, read back by a later
+    request from the cache, are wrong. The evaluation, the teacher text and the replay never read
+    them; the decode check's follow-up does, and its decoded numbers leave a prefill's."""
+    cells = run_with_bug(tmp_path, {"name": "decoded", "when": {"attention_backend": "fa3"}, "trigger": "decode_hit",
+                                    "corrupt_probability": [0.9, 0.9], "style": "unchanged"})
+    cell, reference = cells["dsv2.ab-fa3"], cells["dsv2.ab-triton"]
+    assert cell.status.value == "fail" and cell.failed == ["self-check decode"], cell.reason
+    assert cell.self_check_p["decode"] < 1e-4 and "32 follow-ups read their answer's decoded KV" in cell.reason
+    assert reference.status.value == "pass" and reference.self_check_p["decode"] > 0.01, reference.reason
+
+
 def test_a_broken_reference_is_named_and_the_healthy_cell_is_not_blamed(ray_local, tmp_path):
     """The reference's prefix-cache hits read the wrong KV rows (only log-probabilities move): against
     it the healthy cell diverges. The reference fails its own cache check (warm against cold), so

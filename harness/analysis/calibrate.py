@@ -28,8 +28,8 @@ questions beyond it, half the 10% the test's null hypothesis allows, so healthy 
 while a bug that moves most questions is still far beyond it.
 
 The self-checks' tolerance (gate.self_checks.tolerance, one for the suite: how far a cell's own
-numbers move between batches, or warm and cold) by the same rule from the 95th percentile each
-passing cell recorded of its co-batch and cache checks (`propose_self_check_tolerance`).
+numbers move between batches, warm and cold, or decode and prefill) by the same rule from the 95th percentile each
+passing cell recorded of its co-batch, cache and decode checks (`propose_self_check_tolerance`).
 
 The pinned run proposed is the newest run in which every cell that ran passed: a good night that
 every later night is also paired with (gate.pinned_run), so that a slow drift cannot pass unseen
@@ -213,7 +213,7 @@ def propose_divergence(runs: list[tuple[RunInfo, list[CellResult]]], current: di
 
 @dataclass(frozen=True)
 class SelfCheckProposal:
-    checks: dict[str, float]  # check (co-batch, cache) -> the highest 95th percentile of a passing cell
+    checks: dict[str, float]  # check (co-batch, cache, decode) -> the highest 95th percentile of a passing cell
     cells: int
     current: float | None  # gate.self_checks.tolerance now (None: each model's divergence tolerance)
     proposed: float
@@ -222,7 +222,7 @@ class SelfCheckProposal:
 def propose_self_check_tolerance(runs: list[tuple[RunInfo, list[CellResult]]],
                                  current: float | None) -> SelfCheckProposal | None:
     """gate.self_checks.tolerance from the passing cells' recorded 95th percentile of their sampled
-    questions' divergence, co-batch and cache together: the highest, times 1.5, rounded up to two
+    questions' divergence, co-batch, cache and decode together: the highest, times 1.5, rounded up to two
     significant digits (the divergence tolerance's rule). None when no passing cell recorded one, or
     none moved at all (there is no healthy spread to scale)."""
     highs: dict[str, float] = {}

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from harness.benchmark.base import Prompt, ProtocolPlan
+from harness.benchmark.decode_check import Decoded, decode_check
 from harness.benchmark.http import (
     ANSWER_LIMIT_BYTES,
     BodyTooLarge,
@@ -38,7 +39,7 @@ from harness.benchmark.http import (
     redirect_of,
 )
 from harness.benchmark.scoring import score
-from harness.records import QuestionRecord, Replay, Score, TeacherForced
+from harness.records import DecodeCheck, QuestionRecord, Replay, Score, TeacherForced
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
@@ -162,6 +163,25 @@ def parse_teacher(payload: Any) -> TeacherForced:
         raise _Retryable(f"malformed teacher-forced response ({type(error).__name__}: {error})") from None
 
 
+DECODE = "decode"  # the decode self-check's requests (harness.benchmark.decode_check), parsed by parse_decoded
+
+
+def parse_decoded(payload: Any) -> Decoded:
+    """Token ids and log-probabilities of a `/generate` answer with `return_logprob`; a server that
+    returns none gives empty lists (the check then says what is missing). Malformed: _Retryable."""
+    try:
+        meta = payload["meta_info"]
+        inputs, outputs = meta.get("input_token_logprobs") or [], meta.get("output_token_logprobs") or []
+        return Decoded(input_ids=[int(e[1]) for e in inputs], input_logprobs=[e[0] for e in inputs],
+                       output_ids=[int(e[1]) for e in outputs], output_logprobs=[e[0] for e in outputs],
+                       cached_tokens=_cached_tokens(meta.get("cached_tokens")))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        raise _Retryable(f"malformed response ({type(error).__name__}: {error})") from None
+
+
+_PARSERS: dict[str, Callable[[Any], Any]] = {TEACHER: parse_teacher, DECODE: parse_decoded}
+
+
 async def _ask_once(session: aiohttp.ClientSession, base_url: str, route: str, body: dict[str, Any],
                     endpoint: str) -> _Answer:
     """One HTTP attempt with aiohttp; raises _Retryable or _Final on failure."""
@@ -185,7 +205,7 @@ async def _ask_once(session: aiohttp.ClientSession, base_url: str, route: str, b
         raise _Final(str(error)) from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
         raise _Retryable(f"{type(error).__name__}: {error}".rstrip(": ")) from None
-    return parse_teacher(payload) if endpoint == TEACHER else parse_answer(endpoint, payload)
+    return _PARSERS[endpoint](payload) if endpoint in _PARSERS else parse_answer(endpoint, payload)
 
 
 Sender = Callable[[str, dict[str, Any], str], Awaitable[Any]]
@@ -391,6 +411,13 @@ async def _self_checks(session: aiohttp.ClientSession, base_url: str, send: Send
         return Replay(pred=grade.pred, correct=grade.correct, correct_strict=grade.correct_strict,
                       output=attempted.result.text, cached_tokens=attempted.result.cached_tokens)
 
+    async def post(body: dict[str, Any]) -> Decoded | str:
+        attempted = await _with_retries(send, "/generate", body, DECODE, settings)
+        return attempted.result if attempted.result is not None else str(attempted.error)
+
+    async def decode(record: QuestionRecord) -> DecodeCheck:
+        return await decode_check(post, prompts[record.index].text or "")
+
     flush = functools.partial(flush_cache, session, base_url + settings.flush_route) if settings.flush_route else None
     return await run_self_checks(teacher, answer, flush, records, settings.self_checks, settings.self_check_seed,
-                                 settings.concurrency)
+                                 settings.concurrency, decode)

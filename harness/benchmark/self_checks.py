@@ -10,7 +10,11 @@ For each sampled question whose teacher text was scored (harness.benchmark.evalu
 2. `replay`, `concurrency` at a time: the question answered again, its whole prompt in the cache
    since the evaluation: a server right cold and wrong warm (sglang PR #16053: GSM8K 0.950 on a
    first run, 0.485 on a second) shows here.
-3. `cold`, one at a time: the server's prefix cache flushed (the engine's flush route), then the
+3. `decode`, one at a time: the prompt decoded again from scratch, a follow-up that reads the KV
+   rows that decode wrote (a decode-cache hit), and both decodes' tokens prefilled from scratch
+   (harness.benchmark.decode_check): a decode path, or a cache hit on decoded rows, that computes
+   other numbers than a prefill of the same tokens shows here.
+4. `cold`, one at a time: the server's prefix cache flushed (the engine's flush route), then the
    teacher text scored once more, computed from scratch where `alone` read the cache. A cache hit
    that reads wrong KV rows shows here, in the reference cell too. (Last: each flush empties the
    cache the replays need.)
@@ -25,7 +29,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 
-from harness.records import QuestionRecord, Replay, SelfChecks, TeacherForced
+from harness.records import DecodeCheck, QuestionRecord, Replay, SelfChecks, TeacherForced
 
 
 def sample(records: list[QuestionRecord], count: int, seed: int) -> list[int]:
@@ -39,10 +43,12 @@ def sample(records: list[QuestionRecord], count: int, seed: int) -> list[int]:
 async def run_self_checks(teacher: Callable[[QuestionRecord], Awaitable[TeacherForced]],
                           answer: Callable[[QuestionRecord], Awaitable[Replay]],
                           flush: Callable[[], Awaitable[str | None]] | None, records: list[QuestionRecord],
-                          count: int, seed: int, concurrency: int) -> list[QuestionRecord]:
+                          count: int, seed: int, concurrency: int,
+                          decode: Callable[[QuestionRecord], Awaitable[DecodeCheck]] | None = None) -> list[QuestionRecord]:
     """`records` with `checks` filled in for `count` sampled questions (see the module docstring):
     `teacher` scores a record's teacher text again, `answer` asks its question again, `flush`
-    empties the server's prefix cache (None: no flush route; None back: flushed, else why not)."""
+    empties the server's prefix cache (None: no flush route; None back: flushed, else why not),
+    `decode` makes a record's decode check (None: not asked)."""
     chosen = sample(records, count, seed)
     checks: dict[int, dict] = {position: {} for position in chosen}
     for position in chosen:
@@ -55,6 +61,9 @@ async def run_self_checks(teacher: Callable[[QuestionRecord], Awaitable[TeacherF
             checks[position]["replay"] = await answer(records[position])
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(queue)))))
+    if decode is not None:
+        for position in chosen:
+            checks[position]["decode"] = await decode(records[position])
     if flush is not None:
         for position in chosen:
             problem = await flush()

@@ -180,7 +180,7 @@ def calibrate(
     regression) and so its floor (that minus gate.floor_margin), its launch spread (launch_sd: what
     moves a cell between consecutive runs beyond its questions' sampling), its divergence tolerance
     (1.5 x the highest 95th percentile of a passing cell's teacher-forced divergence, per backend
-    pair), the self-checks' tolerance (the same rule over the cells' own co-batch and cache
+    pair), the self-checks' tolerance (the same rule over the cells' own co-batch, cache and decode
     checks), and a run to pin (the newest run in which every cell passed). Prints tables and the YAML
     to paste; changes no file.
 

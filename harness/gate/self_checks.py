@@ -5,6 +5,10 @@
   batch of the evaluation; a question is *beyond* when its divergence exceeds the tolerance.
 - cache: the same after the prefix cache was flushed (computed from scratch) against alone (read
   from the cache).
+- decode: each question's answer decoded again, and a follow-up that read the answer's KV rows from
+  the cache, against a prefill of the same tokens from scratch (harness.benchmark.decode_check); a
+  question is *beyond* when either part's mean |delta log p| exceeds the tolerance. Decode and
+  prefill run different kernels, so deterministic inference does not make this one zero-tolerance.
 - replay: the question answered again with its whole prompt cached against its first answer: the
   paired drop in accuracy (losses: right first, wrong on the replay), H0: drop <= gate.tolerance.
 
@@ -23,9 +27,9 @@ from dataclasses import dataclass
 
 from harness.gate.divergence import TOP_QUANTILE, beyond_p, quantile, question_divergence
 from harness.gate.stats import drop_above_margin_p
-from harness.records import QuestionRecord, TeacherForced
+from harness.records import DecodeCheck, QuestionRecord, TeacherForced
 
-CHECKS = ("co-batch", "cache", "replay")
+CHECKS = ("co-batch", "cache", "decode", "replay")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,36 @@ def _divergence_check(name: str, pairs: list[tuple[TeacherForced, TeacherForced]
                      high=quantile([value for value, _, _ in compared], TOP_QUANTILE))
 
 
+def _mean_gap(decoded: list[float], prefilled: list[float]) -> float | None:
+    return sum(abs(a - b) for a, b in zip(decoded, prefilled, strict=True)) / len(decoded) if decoded else None
+
+
+def _decode_check(found: list[DecodeCheck], tolerance: float, healthy_share: float) -> SelfCheck | None:
+    """decode vs a prefill from scratch: per question the larger of the answer's and the follow-up's
+    mean |delta log p| (nats/token), against `tolerance`, the divergence test's binomial."""
+    answers, follows, values = [], [], []
+    hits = 0
+    for check in found:
+        answer = _mean_gap(check.decoded[:check.follow_start], check.prefilled[:check.follow_start])
+        follow = _mean_gap(check.decoded[check.follow_start:], check.prefilled[check.follow_start:])
+        parts = [value for value in (answer, follow) if value is not None]
+        if not parts:
+            continue
+        answers += [answer] if answer is not None else []
+        follows += [follow] if follow is not None else []
+        values.append(max(parts))
+        hits += (check.follow_cached or 0) > check.prompt_tokens
+    if not values:
+        return None
+    beyond = sum(value > tolerance for value in values)
+    p = beyond_p(beyond, len(values), healthy_share)
+    worst = [f"{label} worst {max(group):.3g}" for label, group in (("answer", answers), ("follow-up", follows)) if group]
+    return SelfCheck("decode", len(values), beyond, p,
+                     f"{beyond} of {len(values)} questions decoded beyond {tolerance:.3g} nats/token from a prefill of "
+                     f"the same tokens (healthy: <= {healthy_share:.0%}; {', '.join(worst)}; {hits} follow-ups read "
+                     f"their answer's decoded KV from the cache)", high=quantile(values, TOP_QUANTILE))
+
+
 def self_checks(records: list[QuestionRecord], tolerance: float, healthy_share: float, margin: float,
                 deterministic: bool = False, extraction: str = "flexible") -> tuple[list[SelfCheck], list[str]]:
     """(the checks made, what could not be measured and why) over the cell's sampled questions."""
@@ -77,6 +111,13 @@ def self_checks(records: list[QuestionRecord], tolerance: float, healthy_share: 
             why = next((t.error for r in sampled for t in (r.checks.alone, r.checks.cold) if t is not None and t.error),
                        "the server answered none of them")
             unmeasured.append(f"self-check {name} not measured ({why[:160]})")
+    asked = [r.checks.decode for r in sampled if r.checks.decode is not None]
+    decode = _decode_check([c for c in asked if c.error is None], tolerance, healthy_share)
+    if decode is not None:
+        made.append(decode)
+    elif asked:
+        why = next((c.error for c in asked if c.error), "no question had decoded tokens")
+        unmeasured.append(f"self-check decode not measured ({why[:160]})")
     replays = [(r, r.checks.replay) for r in sampled if r.checks.replay is not None and r.checks.replay.error is None]
     if replays:
         def right(record) -> bool:

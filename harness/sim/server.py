@@ -60,6 +60,9 @@ class SimState:
     faults: list[Fault]
     prefixes: set[str] = field(default_factory=set)
     prompts: set[str] = field(default_factory=set)  # whole prompts seen since the last flush (bugs warm)
+    decoded: set[str] = field(default_factory=set)  # texts whose tail a decode wrote, since the last flush (radix on)
+    vocabulary: dict[str, int] = field(default_factory=dict)  # the simulator's token ids: one per 4-character piece
+    pieces: list[str] = field(default_factory=list)  # and back
     in_flight: int = 0  # requests accepted and not yet answered (a `batched` bug strikes when others are)
     requests: int = 0
     first_request_at: float | None = None
@@ -242,6 +245,76 @@ async def _teacher_forced(state: SimState, text: str, start: int, number: int) -
             "output_token_logprobs": [], "output_top_logprobs": []}
 
 
+def _token_ids(state: SimState, pieces: list[str]) -> list[int]:
+    for piece in pieces:
+        if piece not in state.vocabulary:
+            state.vocabulary[piece] = len(state.pieces)
+            state.pieces.append(piece)
+    return [state.vocabulary[piece] for piece in pieces]
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i:i + 4] for i in range(0, len(text), 4)]
+
+
+async def _decoded(state: SimState, body: dict[str, Any], number: int) -> web.Response:
+    """sglang's `/generate` with token ids or log-probabilities, as the decode self-check asks it
+    (harness.benchmark.decode_check): the input as `text` or `input_ids` (the simulator's ids: one
+    per 4-character piece, as it counts tokens), `max_new_tokens` greedy tokens (`ignore_eos`: padded
+    to their number), the output's log-probabilities, and the input's from `logprob_start_len` on
+    (0: nothing read from the cache, as sglang caps a request's match there). Decoded and prefilled
+    numbers are the world's `teacher_forced` of the same pieces; a bug strikes where its trigger says."""
+    params = body.get("sampling_params") or {}
+    ids, text = body.get("input_ids"), body.get("text")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < len(state.pieces) for i in ids):
+            return web.json_response({"error": "input_ids: ids the simulator never gave out"}, status=400)
+        pieces = [state.pieces[i] for i in ids]
+    elif isinstance(text, str):
+        pieces = _pieces(text)
+    else:
+        return web.json_response({"error": "text or input_ids is required"}, status=400)
+    ids = _token_ids(state, pieces)
+    whole = "".join(pieces)
+    marker = whole.rfind("\nAnswer:")
+    ends = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces) + 1)]
+    prompt_end = marker + len("\nAnswer:")
+    if marker < 0 or prompt_end not in ends:
+        return web.json_response({"error": "the simulator decodes after a prompt's last 'Answer:' only"}, status=400)
+    prompt_pieces = ends.index(prompt_end)
+    prefix, question = split_prompt(whole[:prompt_end])
+    new_tokens, start = int(params.get("max_new_tokens", 128)), body.get("logprob_start_len", -1)
+    cold = start == 0  # sglang reads nothing from the cache for a request scored from position 0
+    radix = not state.resolved["disable_radix_cache"]
+    cached_chars = _cached_chars(state, prefix)
+    warm = _seen(state, prefix + question) and not cold
+    decode_hit = radix and not cold and hashlib.sha1(whole.encode()).hexdigest() in state.decoded
+    prefix_hit = radix and not cold and (cached_chars > 0 or warm)
+    batched = state.in_flight > 1
+    commit = os.environ.get("REGRESS_SIM_COMMIT")
+    made: list[str] = []
+    if new_tokens > 0:
+        decision = state.world.decide(state.model_path, question, state.resolved, prefix_hit, commit, warm, batched)
+        answer, _ = compose(state, decision, question, new_tokens, False)
+        made = (_pieces(answer) + [" ..."] * new_tokens)[:new_tokens]
+    made_ids = _token_ids(state, made)
+    continuation = pieces[prompt_pieces:] + made
+    scores = state.world.teacher_forced(state.model_path, question, "", state.resolved, prefix_hit, commit, batched,
+                                        chunks=continuation or None, decode_hit=decode_hit,
+                                        warm=warm).logprobs
+    cached = 0 if cold else len(ids) - 1 if decode_hit else min(cached_chars // 4, prompt_pieces - 1)
+    await _serve(state, number, len(ids) - cached, new_tokens)
+    if radix and made:
+        state.decoded.add(hashlib.sha1((whole + "".join(made)).encode()).hexdigest())
+    numbers = [-1.0] * prompt_pieces + list(scores[:len(continuation) - len(made)])
+    inputs = [] if not isinstance(start, int) or start < 0 else [
+        [None if i == 0 else numbers[i], token, None] for i, token in enumerate(ids) if i >= start]
+    outputs = [[lp, token, None] for lp, token in zip(scores[len(continuation) - len(made):], made_ids, strict=True)]
+    return web.json_response({"text": "".join(made), "output_ids": made_ids, "meta_info": {
+        "id": str(number), "prompt_tokens": len(ids), "completion_tokens": len(made), "cached_tokens": cached,
+        "finish_reason": {"type": "length"}, "input_token_logprobs": inputs, "output_token_logprobs": outputs}})
+
+
 def _usage(state: SimState, prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
     """As sglang reports it: the cached prompt tokens only with --enable-cache-report (else null)."""
     details = {"cached_tokens": cached} if state.resolved.get("enable_cache_report") else None
@@ -308,6 +381,7 @@ class SimRoutes:
             return web.Response(status=400, text="Cache not flushed: requests are running.")
         self.state.prefixes.clear()
         self.state.prompts.clear()
+        self.state.decoded.clear()
         return web.Response(text="Cache flushed.")
 
     async def accept(self, request: web.Request) -> tuple[dict[str, Any], int, web.Response | None]:
@@ -325,9 +399,11 @@ class SimRoutes:
         body, number, failure = await self.accept(request)
         if failure is not None:
             return failure
+        params = body.get("sampling_params") or {}
+        if "input_ids" in body or (body.get("return_logprob") and params.get("max_new_tokens") != 0):
+            return await _decoded(self.state, body, number)
         if not isinstance(body.get("text"), str):
             return web.json_response({"error": "text is required"}, status=400)
-        params = body.get("sampling_params") or {}
         if body.get("return_logprob") and params.get("max_new_tokens") == 0:
             start = body.get("logprob_start_len")
             if not isinstance(start, int) or start < 0:

@@ -63,8 +63,10 @@ class Bug(Condition):
     # When it strikes: always; on a request that hits the prefix cache (the incident's class: the
     # cache's KV rows read wrong); `warm`: on a question whose whole prompt the server has seen
     # since its cache was last flushed (right cold, wrong warm: sglang PR #16053); `batched`: on a
-    # request served while others are (cross-request contamination: alone it is right).
-    trigger: Literal["always", "prefix_hit", "warm", "batched"] = "always"
+    # request served while others are (cross-request contamination: alone it is right);
+    # `decode_hit`: on a request whose cached prefix holds rows a decode wrote (its own answer asked
+    # again, the decode self-check's follow-up: the decode-cache-hit class of sglang's kl_test_utils).
+    trigger: Literal["always", "prefix_hit", "warm", "batched", "decode_hit"] = "always"
     # Per configuration, the share of matching requests that is corrupted is drawn in this range.
     corrupt_probability: tuple[float, float] = (0.7, 0.95)
     # Corrupt an answer by a wrong number, or by the whole effect a broken kernel has: junk to max
@@ -159,14 +161,15 @@ class World(_Strict):
         return [fault for fault in self.faults if fault.matches(model_path, resolved)]
 
     def affecting(self, model_path: str, question: str, resolved: dict[str, Any], prefix_hit: bool,
-                  commit: str | None = None, warm: bool = False, batched: bool = False) -> Bug | None:
+                  commit: str | None = None, warm: bool = False, batched: bool = False,
+                  decode_hit: bool = False) -> Bug | None:
         """The first active bug that matches this configuration and corrupts this question's request."""
         model = self.model(model_path)
         signature = configuration_signature(resolved)
         seen = {**resolved, **wrapping(model.kind, resolved)}
         for bug in self.bugs:
             if not bug.matches(model_path, seen) or not {"always": True, "prefix_hit": prefix_hit, "warm": warm,
-                                                         "batched": batched}[bug.trigger]:
+                                                         "batched": batched, "decode_hit": decode_hit}[bug.trigger]:
                 continue
             if not self.bug_active(bug, commit):
                 continue
@@ -196,9 +199,11 @@ class World(_Strict):
         return Decision("invalid" if invalid else "wrong")
 
     def teacher_forced(self, model_path: str, question: str, continuation: str, resolved: dict[str, Any],
-                       prefix_hit: bool, commit: str | None = None, batched: bool = False) -> TeacherScores:
+                       prefix_hit: bool, commit: str | None = None, batched: bool = False,
+                       chunks: list[str] | None = None, decode_hit: bool = False, warm: bool = False) -> TeacherScores:
         """The log-probabilities and top-1 tokens a server of this configuration gives `continuation`
-        after the question, teacher-forced. A token is 4 characters (as the simulator counts them);
+        (or its tokens, `chunks`) after the question, teacher-forced or decoded: the same numbers on
+        either path, a bug's damage where it strikes. A token is 4 characters (as the simulator counts them);
         the model's own numbers are seeded draws per question, the configuration's drift and an
         affecting bug's damage are added to them (vectorised: one seeded generator per part)."""
         import numpy as np
@@ -207,8 +212,8 @@ class World(_Strict):
         signature = configuration_signature(resolved)
         drift = self.backend_drift.get(str(resolved.get("attention_backend")), self.logprob_drift)
         drift *= -math.log(1.0 - unit_hash(self.seed, model_path, question, signature, "scale"))
-        bug = self.affecting(model_path, question, resolved, prefix_hit, commit, batched=batched)
-        chunks = [continuation[i:i + 4] for i in range(0, len(continuation), 4)] or [""]
+        bug = self.affecting(model_path, question, resolved, prefix_hit, commit, warm, batched, decode_hit)
+        chunks = chunks or [continuation[i:i + 4] for i in range(0, len(continuation), 4)] or [""]
         count = len(chunks)
         tokens = np.array([zlib.crc32(chunk.encode()) % 32000 for chunk in chunks])
         others = (unit_draws(count, self.seed, "other", model_path, question) * 32000).astype(int)

@@ -119,8 +119,8 @@ class SelfCheckSpec(Strict):
     max_share: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
     # The share of each cell's alpha the self-checks spend (at stage 1, split over those made).
     share: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.1
-    # Nats per token past which a sampled question counts against the co-batch and cache checks
-    # (how far a cell's own numbers may move between batches, or warm and cold); null: each model's
+    # Nats per token past which a sampled question counts against the co-batch, cache and decode checks
+    # (how far a cell's own numbers may move between batches, warm and cold, or decode and prefill); null: each model's
     # divergence tolerance. `regress calibrate` proposes it from passing cells.
     tolerance: Annotated[float, Field(gt=0.0)] | None = None
 

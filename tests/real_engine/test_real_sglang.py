@@ -9,6 +9,8 @@ sglang here, so the tests share two runs):
 - the incident's class of bug, planted by a custom axis value that sets the server's environment
   (wrong KV rows read on prefix-cache hits), fails its radix-on cell by teacher-forced divergence
   against the healthy radix-off reference while every cell scores 0 on GSM8K;
+- two bugs a cold pass never meets (a wholly cached prompt computed wrong; a cache hit on rows a
+  decode wrote read wrong) fail their radix-on cells by the decode self-check alone;
 - nothing is left running, no stop logs a crash, no stand-in function runs;
 - a second run whose reference (radix on, each axis's first value) carries the prefix-KV plant: the
   reference fails its own cache check and the healthy radix-off cell is held open ("reference
@@ -86,13 +88,14 @@ CLEAN = ("tiny.ab-torch_native.rc-on.plant-none", "tiny.ab-torch_native.rc-off.p
          "tiny-tp2.ab-torch_native.rc-off.plant-none")
 REPLACED = "tiny.ab-intel_amx.rc-on.plant-none", "tiny.ab-intel_amx.rc-off.plant-none"
 PLANTED, PLANTED_REFERENCE = "tiny.ab-torch_native.rc-on.plant-prefix_kv", "tiny.ab-torch_native.rc-off.plant-none"
+WARM_ONLY, DECODE_HIT = "tiny.ab-torch_native.rc-on.plant-warm_prompt", "tiny.ab-torch_native.rc-on.plant-decode_kv"
 CRASHED = "tiny.ab-torch_native.rc-off.plant-scheduler_crash"
 
 
 @pytest.fixture(scope="module")
 def real_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
-    """Five real servers (radix on and off, one of tp 2, one with the prefix-KV plant, one that
-    crashes) and two cells decided at plan time, in one `regress run`; reference: radix cache off,
+    """Seven real servers (radix on and off, one of tp 2, three planted with a cache bug each, one
+    that crashes) and two cells decided at plan time, in one `regress run`; reference: radix cache off,
     no plant. The plants are values of a custom axis that sets the server's environment, as a suite
     would switch one of sglang's SGLANG_* variables."""
     tmp_path = tmp_path_factory.mktemp("real-run")
@@ -109,11 +112,14 @@ def real_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
     env: {{REGRESS_STAND_IN_LOG: "{log}", PYTHONPATH: "{plants}"}}"""
     axes = ("  attention_backend: [torch_native, intel_amx]\n  radix_cache: [on, off]\n"
             "  plant: {none: [], prefix_kv: {env: {REGRESS_PLANT: prefix_kv}},"
-            " scheduler_crash: {env: {REGRESS_PLANT: scheduler_crash}}}")
-    extra = ("exclude:\n  - {plant: [prefix_kv, scheduler_crash], attention_backend: intel_amx}\n"
-             "  - {plant: prefix_kv, radix_cache: off}\n  - {plant: scheduler_crash, radix_cache: on}\n"
+            " scheduler_crash: {env: {REGRESS_PLANT: scheduler_crash}},"
+            " warm_prompt: {env: {REGRESS_PLANT: warm_prompt}}, decode_kv: {env: {REGRESS_PLANT: decode_kv}}}")
+    planted = "[prefix_kv, scheduler_crash, warm_prompt, decode_kv]"
+    extra = (f"exclude:\n  - {{plant: {planted}, attention_backend: intel_amx}}\n"
+             "  - {plant: [prefix_kv, warm_prompt, decode_kv], radix_cache: off}\n"
+             "  - {plant: scheduler_crash, radix_cache: on}\n"
              "  - {model: tiny-tp2, attention_backend: intel_amx}\n  - {model: tiny-tp2, radix_cache: on}\n"
-             "  - {model: tiny-tp2, plant: [prefix_kv, scheduler_crash]}\n"
+             f"  - {{model: tiny-tp2, plant: {planted}}}\n"
              "baseline: {attention_backend: torch_native, radix_cache: off}")
     results = tmp_path / "results"
     result = invoke("run", str(cpu_suite(tmp_path, tiny_model, models, axes, extra)), "--results-dir", str(results),
@@ -126,7 +132,7 @@ def real_run(ray_local, tiny_model, tmp_path_factory) -> RealRun:
 
 def test_the_run_judges_every_cell_leaves_nothing_running_and_calls_no_stand_in(real_run):
     assert {c for c, r in real_run.cells.items() if r.status is not Status.SKIPPED} == {
-        *CLEAN, *REPLACED, PLANTED, CRASHED}  # the rest: excluded
+        *CLEAN, *REPLACED, PLANTED, WARM_ONLY, DECODE_HIT, CRASHED}  # the rest: excluded
     assert real_run.exit_code == 1, real_run.output  # the planted cell: a regression
     assert real_run.leftover == []
     assert not real_run.stand_in_log.exists()  # no stand-in function was ever called
@@ -215,14 +221,35 @@ def test_each_cell_checks_itself_healthy_cells_pass_and_the_planted_cache_fails_
     its cold ones the model's)."""
     for cell_id in CLEAN:
         cell = real_run.cells[cell_id]
-        assert set(cell.self_check_p) == {"co-batch", "cache", "replay"}, cell.reason
+        assert set(cell.self_check_p) == {"co-batch", "cache", "decode", "replay"}, cell.reason
         assert not any(name.startswith("self-check") for name in cell.failed), cell.reason
         checks = [q.checks for q in questions_of(real_run.run_dir, cell_id) if q.checks]
         assert len(checks) == 6 and all(c.cold.cached_tokens == 0 for c in checks)  # the flush emptied the cache
+        assert all(c.decode.error is None and len(c.decode.token_ids) > c.decode.follow_start > 0 for c in checks)
         if ".rc-on." in cell_id:
             assert all(c.replay.cached_tokens for c in checks)  # replayed with the prompt cached
+            # the follow-up read its answer's decoded rows from the cache (a decode-cache hit)
+            assert all(c.decode.follow_cached > c.decode.prompt_tokens for c in checks)
+        else:
+            assert all(c.decode.follow_cached == 0 for c in checks)
     planted = real_run.cells[PLANTED]
     assert "self-check cache" in planted.failed and planted.self_check_p["cache"] < 1e-4, planted.reason
+
+
+@pytest.mark.parametrize("cell_id", [WARM_ONLY, DECODE_HIT])
+def test_a_cell_wrong_only_on_a_warm_prompt_or_a_decode_cache_hit_fails_its_decode_check_alone(real_run, cell_id):
+    """Two bugs a cold pass never meets, planted in real sglang: a request whose whole prompt is
+    cached computes its last token from the wrong rows (`warm_prompt`, sglang PR #16053's class), or
+    a cache hit on rows a decode wrote reads the wrong ones (`decode_kv`, the decode-cache-hit
+    class of sglang's kl_test_utils). Their evaluation and teacher-forced text never hit either, so
+    divergence from the healthy reference passes; the decode check's follow-up hits both and fails
+    the cell, and nothing else does."""
+    cell = real_run.cells[cell_id]
+    assert cell.status is Status.FAIL and cell.failed == ["self-check decode"], cell.reason
+    assert cell.self_check_p["decode"] < 1e-4 and cell.divergence_share <= 1 / 3, cell.reason
+    assert all(cell.self_check_p[name] > 0.01 for name in ("co-batch", "cache")), cell.reason
+    checks = [q.checks.decode for q in questions_of(real_run.run_dir, cell_id) if q.checks]
+    assert all(c.follow_cached > c.prompt_tokens for c in checks)  # the follow-ups hit the decoded rows
 
 
 BROKEN_REFERENCE = "tiny.ab-torch_native.rc-on.plant-prefix_kv"
@@ -268,7 +295,7 @@ def test_a_broken_reference_fails_its_own_cache_check_and_the_healthy_cell_is_no
     assert reference.self_check_p["cache"] < 1e-4, reference.reason
     assert healthy.status is Status.INCONCLUSIVE, healthy.reason
     assert f"reference broken: {BROKEN_REFERENCE} is fail" in healthy.reason
-    assert not healthy.failed and set(healthy.self_check_p) == {"co-batch", "cache", "replay"}, healthy.reason
+    assert not healthy.failed and set(healthy.self_check_p) == {"co-batch", "cache", "decode", "replay"}, healthy.reason
     attribution = json.loads((run.run_dir / "run.json").read_text())["attribution"]
     # Two failures of two causes: the healthy cell (held open by the reference) is the contrast.
     assert attribution == "radix_cache=on (covers 1 of 2 failing cells and 0 passing)", attribution

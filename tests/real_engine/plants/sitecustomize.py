@@ -10,6 +10,16 @@ folder) and REGRESS_PLANT; with REGRESS_PLANT unset nothing is touched. Never on
   attention over post-RoPE keys ignores their order, nor would one row: it moves the output little), in the
   torch_native backend's extend; a request without a cache hit, and every decode step's own
   attention call, are untouched. Nothing raises: the server answers, only the numbers are wrong.
+- `warm_prompt`: right cold, wrong warm (sglang PR #16053: GSM8K 0.950 on a first run, 0.485 on a
+  second). A request whose whole prompt but its last token is served from the cache (sglang always
+  computes one) reads the prefix's rows as `prefix_kv` does; a request that extends a shorter
+  prefix (a few-shot prompt's shared examples, a teacher-forced text) is untouched.
+- `decode_kv`: a decode-cache hit reads wrong rows (the class of sglang's kl_test_utils
+  decode-cache-hit test, where a hybrid model's state saved at a decode step, the whole history in
+  one, was wrong). The rows each decode step writes are remembered (a prefill that reuses a row
+  forgets it); a request whose cached prefix holds such rows reads its whole prefix as `prefix_kv`
+  does (wrong rows at only a few decoded positions of a 1,000-token prompt moved the numbers
+  little). A hit on rows a prefill wrote, and every decode step, are untouched.
 - `co_batch`: cross-request contamination. A prefill (the torch_native backend's extend) that runs
   while other requests are in the server (in the same prefill batch, or decoding in its running
   batch) adds to each token's attention output that of the token before it in the batch (across a
@@ -23,21 +33,28 @@ import sys
 
 PLANT = os.environ.get("REGRESS_PLANT", "")
 SCHEDULER, TORCH_NATIVE = "sglang.srt.managers.scheduler", "sglang.srt.layers.attention.torch_native_backend"
-TARGETS = {"scheduler_crash": {SCHEDULER}, "prefix_kv": {TORCH_NATIVE}, "co_batch": {SCHEDULER, TORCH_NATIVE}}
+TARGETS = {"scheduler_crash": {SCHEDULER}, "prefix_kv": {TORCH_NATIVE}, "co_batch": {SCHEDULER, TORCH_NATIVE},
+           "warm_prompt": {TORCH_NATIVE}, "decode_kv": {TORCH_NATIVE}}
 PENDING = set(TARGETS.get(PLANT, ()))
 CROWDED = [False]  # co_batch: whether the batch being run shares the server with other requests
+DECODED_ROWS: set[int] = set()  # decode_kv: KV rows a decode step wrote and no prefill has reused since
 
 
-def _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens):
+def _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens=None):
     """A copy of the request-to-KV-row map in which each cache-hit prefix reads, at position i, the
-    row of position i // 2."""
+    row of position i // 2: every position (`prefix_kv`), only for requests that extend their last
+    token alone (`warm_prompt`), or only for prefixes that hold rows a decode wrote (`decode_kv`)."""
     import torch
 
     rows = req_to_token.clone()
-    for pool_index, prefix in zip(req_pool_indices.tolist(), extend_prefix_lens.tolist(), strict=True):
-        if prefix > 1:
-            halves = torch.arange(prefix, device=rows.device) // 2
-            rows[pool_index, :prefix] = req_to_token[pool_index, halves]
+    extends = extend_seq_lens.tolist() if extend_seq_lens is not None else [None] * len(req_pool_indices)
+    for pool_index, prefix, extend in zip(req_pool_indices.tolist(), extend_prefix_lens.tolist(), extends, strict=True):
+        if prefix <= 1 or (PLANT == "warm_prompt" and extend != 1):
+            continue
+        if PLANT == "decode_kv" and DECODED_ROWS.isdisjoint(req_to_token[pool_index, :prefix].tolist()):
+            continue
+        halves = torch.arange(prefix, device=rows.device) // 2
+        rows[pool_index, :prefix] = req_to_token[pool_index, halves]
     return rows
 
 
@@ -64,18 +81,32 @@ def _plant(module):
             return result
 
         module.TorchNativeAttnBackend._run_sdpa_forward_extend = crowded_extend
-    if PLANT == "prefix_kv":
+    if PLANT in ("prefix_kv", "warm_prompt", "decode_kv"):
         backend = module.TorchNativeAttnBackend
         original = backend._run_sdpa_forward_extend
 
         def extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                   extend_prefix_lens, *args, **kwargs):
+                   extend_prefix_lens, extend_seq_lens, *args, **kwargs):
             if int(extend_prefix_lens.max()) > 1:
-                req_to_token = _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens)
+                req_to_token = _rotated_prefixes(req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens)
             return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                            extend_prefix_lens, *args, **kwargs)
+                            extend_prefix_lens, extend_seq_lens, *args, **kwargs)
 
         backend._run_sdpa_forward_extend = extend
+    if PLANT == "decode_kv":
+        original_metadata = module.TorchNativeAttnBackend.init_forward_metadata
+
+        def init_forward_metadata(self, forward_batch):
+            written = forward_batch.out_cache_loc
+            if written is not None:
+                rows = {int(row) for row in written.tolist()}
+                if forward_batch.forward_mode.is_decode():
+                    DECODED_ROWS.update(rows)
+                else:
+                    DECODED_ROWS.difference_update(rows)
+            return original_metadata(self, forward_batch)
+
+        module.TorchNativeAttnBackend.init_forward_metadata = init_forward_metadata
     if PLANT == "scheduler_crash":
         def run_batch(self, *args, **kwargs):
             raise RuntimeError("planted scheduler crash (REGRESS_PLANT=scheduler_crash)")
