@@ -17,7 +17,8 @@ SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 # took under `make test` on 2 quiet cores (two workers; docs/benchmarks.md, "The test suite (session
 # 17)"; the real-engine and self-check figures from session 20's run, 732 passed in 10 min 25 s).
 LONGEST_FIRST = (
-    "tests/real_engine/test_real_sglang.py",  # 203 s alone: five real sglang servers, then three more
+    "tests/real_engine/test_real_sglang.py",  # 212 s alone: seven real sglang servers, then three more
+    "tests/real_engine/test_trained_model.py",  # 133 s alone: a trained model built, two real servers
     "tests/test_incident_demo.py",  # 109 s: 32 simulated cells, 23,000 questions
     "tests/test_benchmarks.py",  # 136 s: every benchmark's quick mode
     "tests/test_run_end_to_end.py",  # 87 s

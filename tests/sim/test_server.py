@@ -202,3 +202,32 @@ def test_the_simulator_reads_the_train_split_at_the_first_question_the_test_spli
     assert book.get(gsm8k.test[1].question.strip()).gold == gsm8k.test[1].gold and not book.train_read
     assert book.get(gsm8k.train[2].question.strip()).gold == gsm8k.train[2].gold and book.train_read
     assert book.get("a question in neither split") is None
+
+
+def test_the_decode_check_reads_token_ids_and_decoded_rows_back_as_sglang_serves_them(tmp_path, gsm8k):
+    """The decode self-check's three requests (harness.benchmark.decode_check) on the simulator: the
+    prompt's ids come back from a request scored from position 0, `input_ids` are read back as the
+    same text, the follow-up hits its answer's decoded rows (radix on) and none with radix off, and a
+    healthy server's decoded numbers are its prefill's."""
+    from harness.benchmark.decode_check import DECODED_TOKENS, FOLLOW_TOKENS, decode_check
+    from harness.benchmark.evaluator import DECODE, parse_decoded
+
+    prompt = build_plan(gsm8k, "clean", 1, 0).prompts[0]
+
+    async def check(axes, name):
+        cell = make_cell(axes, KIMI, tp=2, extra_args=KIMI_ARGS)
+        async with ServerProcess(sim_spec(cell), tmp_path / f"{name}.log") as server, aiohttp.ClientSession() as session:
+            async def post(body):
+                async with session.post(server.base_url + "/generate", json=body) as response:
+                    return parse_decoded(await response.json()) if response.status == 200 else await response.text()
+
+            bad = await post({"input_ids": [10 ** 6], "sampling_params": {"max_new_tokens": 0}, "return_logprob": True})
+            return await decode_check(post, prompt.text), bad
+
+    healthy = INCIDENT_AXES | {"attention_backend": "triton"}
+    (on, bad), (off, _) = run(check(healthy, "on")), run(check(healthy | {"radix_cache": "off"}, "off"))
+    assert DECODE == "decode" and "ids the simulator never gave out" in bad
+    for found in (on, off):
+        assert found.error is None and len(found.token_ids) == DECODED_TOKENS + FOLLOW_TOKENS, found
+        assert found.follow_start == DECODED_TOKENS and found.decoded == found.prefilled  # bitwise: path_noise 0
+    assert on.follow_cached > on.prompt_tokens and off.follow_cached == 0

