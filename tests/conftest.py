@@ -96,13 +96,13 @@ def ray_local():
 
     import ray
 
-    from harness.run.ray.cluster import start_local
+    from harness.run.ray.cluster import LOCAL_SYSTEM_CONFIG, start_local
 
     # 8 declared GPUs for the simulated suites, 2 CPU slots for the real-engine ones (cluster.platform: cpu).
     # Tried again on a busy machine, as `regress run` starts its own.
     start_local(lambda: ray.init(address="local", num_cpus=2, num_gpus=8, resources={"regress_cpu_slot": 2},
                                  include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                                 _node_ip_address="127.0.0.1"))
+                                 _node_ip_address="127.0.0.1", _system_config=LOCAL_SYSTEM_CONFIG))
     yield ray
     ray.shutdown()
 

@@ -47,9 +47,11 @@ def test_compare_names_the_newly_failing_cell(ray_local, tmp_path):
                                           str(tmp_path / "results"), "--num-questions", "60"])
     assert calibrated.exit_code == 0, calibrated.output
     assert f"pinned_run: {first_night}" in calibrated.output and "kimi-linear: accuracy: 0." in calibrated.output
-    # The cells' own paths (batched or alone, warm or cold) moved their numbers by up to 0.02 nats.
+    # The cells' own paths (batched or alone, warm or cold) moved each log-probability by up to 0.02
+    # nats; the decode check's statistic is a mean over 8-24 tokens, not a whole answer, so its 95th
+    # percentile is higher (times 1.5, rounded up: 0.035 in this world).
     proposed = next(line for line in calibrated.output.splitlines() if "gate.self_checks.tolerance: " in line)
-    assert 0.01 < float(proposed.split(": ")[1].split()[0]) <= 0.03, proposed
+    assert 0.01 < float(proposed.split(": ")[1].split()[0]) <= 0.04, proposed
     assert "still passing" in rows["kimi-linear.ab-triton.um-on.rc-on"]
     assert "+0.000" in rows["kimi-linear.ab-fa3.um-off.rc-on"]  # same world, same answers: no difference
 

@@ -208,7 +208,7 @@ class _HistoryFakeSglang(SglangEngine):
         return SimEngine.at_commit(self, loaded, cell, commit, build)
 
 
-def test_a_bisect_probe_is_built_as_a_run_is(ray_local, tmp_path):
+def test_a_bisect_probe_is_built_as_a_run_is(ray_local, _gsm8k_env, tmp_path):
     """An `auto` suite on the sglang path with --gsm8k-path: every probe runs the plan-time sglang
     check (its predictions are in cells.jsonl), expands `auto` with the workers' parser, and reads
     the data from that path (its hash in run.json)."""
@@ -219,7 +219,7 @@ def test_a_bisect_probe_is_built_as_a_run_is(ray_local, tmp_path):
     data = tmp_path / "gsm8k"
     data.mkdir()
     for split, count in (("test", 80), ("train", 40)):
-        lines = (ROOT.parent / "shared" / "data" / "gsm8k" / f"{split}.jsonl").read_text().splitlines()[:count]
+        lines = (_gsm8k_env / f"{split}.jsonl").read_text().splitlines()[:count]
         (data / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     env = {"PYTHONPATH": f"{FAKE_SGLANG}:{ROOT}", "REGRESS_SIM_WORLD": str(tmp_path / "world.yaml")}
     suite = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())

@@ -57,7 +57,7 @@ def test_a_toy_sink_sees_every_cell_and_the_close_of_a_real_run(ray_local, gsm8k
     report = run_suite(RunInputs(loaded, matrix, gsm8k, plan), options, Console(quiet=True), sinks=sinks_for)
     assert comment.opened is not None and comment.opened.run_id == report.info.run_id
     assert sorted(comment.lines[:-1]) == sorted(f"{r.status.value} {r.cell_id} n=20" for r in report.results), \
-        [r.error for r in report.results]
+        [r.reason for r in report.results]
     assert comment.lines[-1] == f"4 cells, exit {report.exit_code}" and comment.closed.counts == report.info.counts
     written = ResultsStore(tmp_path, report.info.run_id).cells()
     assert sorted(r.cell_id for r in written) == sorted(c.cell_id for c in matrix.cells)

@@ -22,6 +22,13 @@ from harness.suite.axes import backend_axes
 from harness.suite.config import LoadedSuite
 from harness.suite.matrix import Matrix, expand, select
 
+# A local cluster is one node on this machine: no network to partition, and no other node to take
+# its cells. Ray's GCS marks a raylet dead after 5 missed health checks (3 s apart, 10 s timeout),
+# which a raylet starved of CPU on a loaded 2-core machine can miss (measured here: a raylet paused
+# 70 s is marked dead for good and every cell waits `cluster.wait_for_nodes_s`, then ends in
+# `error`); 100 missed checks (~5 min) keep it.
+LOCAL_SYSTEM_CONFIG = {"health_check_failure_threshold": 100}
+
 
 @contextlib.contextmanager
 def ray_cluster(suite: LoadedSuite, address: str | None) -> Iterator[None]:
@@ -52,7 +59,8 @@ def _connect(address: str | None, gpus: int, cpus: int | None, kwargs: dict[str,
         # The node advertises loopback (workers and actors talk over 127.0.0.1); its ports still
         # listen on every interface (Ray 2.60), which is why harness.run.ray.auth turns tokens on.
         slots = {"num_gpus": gpus} if resource == "GPU" else {"num_gpus": 0, "resources": {resource: gpus}}
-        start_local(lambda: ray.init(address="local", num_cpus=cpus, _node_ip_address="127.0.0.1", **slots, **kwargs))
+        start_local(lambda: ray.init(address="local", num_cpus=cpus, _node_ip_address="127.0.0.1",
+                                     _system_config=LOCAL_SYSTEM_CONFIG, **slots, **kwargs))
         return
     try:
         ray.init(address=address, **kwargs)
