@@ -17,6 +17,14 @@ min_effect" (delta = min_effect - margin):
 
 its expectation under any drop <= margin is at most 1. A cell's product runs over its consecutive
 nights since it last passed (a pass starts it again at 1) and is kept in cells.jsonl (`evidence`).
+
+Tonight's *test* may use more than the first launch: at a relaunch stage, the product carried from
+the nights before times tonight's e-value over every launch the cell (and its reference) has by
+then. Picture every cell launched `max_launches` times: the e-value over its first k launches is an
+e-value there, and the gate rejects at stage k only where that one would (a relaunch made because
+the first launch looked low only decides whether the stage is reached); each stage spends its own
+alpha. What is *kept* for the nights after is tonight's first-launch factor, the one design every
+night has: a factor over however many launches a night happened to make would not be one.
 """
 
 from __future__ import annotations
@@ -40,7 +48,8 @@ def rejects(log_e: float, alpha: float) -> bool:
     return log_e >= math.log(1 / alpha)
 
 
-def describe(label: str, nights: int, log_e: float, alpha: float) -> str:
+def describe(label: str, nights: int, log_e: float, alpha: float, launches: int = 1) -> str:
     shown = f"e={math.exp(min(log_e, 700)):.3g}" if log_e < 700 else f"log e={log_e:.0f}"
     verdict = f" >= 1/{alpha:.2g}" if rejects(log_e, alpha) else ""
-    return f"evidence vs {label} over {nights} night(s) (first launches): {shown}{verdict}"
+    tonight = f"tonight's {launches} launches" if launches > 1 else "first launches"
+    return f"evidence vs {label} over {nights} night(s) ({tonight}): {shown}{verdict}"

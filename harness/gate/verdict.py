@@ -250,10 +250,12 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and test_answers.n > 0
-    evidence = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history}, launch_sd, carried or {})
+    tested_evidence = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history},
+                                launch_sd, carried or {})
+    evidence = {key: (nights, kept) for key, (nights, kept, _) in tested_evidence.items()}
     # An accumulated test is made from a cell's second night on (on its first it would repeat the
     # night's own paired test); its product is kept either way (harness.gate.evidence).
-    accumulated = {key: value for key, value in evidence.items() if value[0] > 1}
+    accumulated = {key: (nights, tested) for key, (nights, _, tested) in tested_evidence.items() if nights > 1}
     tests = floor_tested + len(found) + (diverged is not None) + len(accumulated)
     alpha = stage.alpha / max(tests, 1)
     count = answers.launch_count
@@ -276,7 +278,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                            test=f"self-check {check.name}"))
     for key, (nights, log_e) in accumulated.items():  # it can fail the cell, never hold it open
         parts.append(_TestOutcome(Status.FAIL if rejects(log_e, alpha) else Status.PASS,
-                           describe_evidence(EVIDENCE_LABELS[key], nights, log_e, alpha), test=f"evidence {key}"))
+                           describe_evidence(EVIDENCE_LABELS[key], nights, log_e, alpha, count), test=f"evidence {key}"))
     for part in parts:
         status = _worse(status, part.status)
     reasons += [part.reason + (part.undecided if status is not Status.FAIL else "") for part in parts if part.reason]
@@ -315,23 +317,27 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
 
 
 def _evidence(outcome: CellOutcome, gate: GateSpec, others: dict[str, Side], launch_sd: float,
-              carried: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float]]:
-    """Each accumulating test's (nights, log e) with tonight's first launch added (harness.gate.evidence)."""
-    first = Answers.of(first_launch(outcome.questions), gate.extraction)
+              carried: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float, float]]:
+    """Each accumulating test's (nights, log e kept, log e tested): the product carried from earlier
+    nights times tonight's e-value, kept with tonight's first launches (the same design every night:
+    what the product needs to stay an e-process) and tested with every launch the cell and its
+    reference have at this stage (harness.gate.evidence)."""
     found = {}
     for key, other in others.items():
         runs = _runs(other)
-        if key == "reference":
-            runs = [run.model_copy(update={"questions": first_launch(run.questions)}) for run in runs]
         if not runs:
             continue
         margin = gate.tolerance if key == "reference" else gate.own_margin
-        paired = paired_comparison(first, Answers.pooled([run.questions for run in runs], gate.extraction), margin,
-                                   launch_sd=launch_sd)
-        if paired is None:
-            continue
         nights, log_e = carried.get(key, (0, 0.0))
-        found[key] = (nights + 1, log_e + night_log_e(paired, gate.min_effect))
+        night = {}
+        for design, cell, side in (("kept", first_launch(outcome.questions), [first_launch(run.questions) for run in runs] if key == "reference" else [run.questions for run in runs]),
+                                   ("tested", outcome.questions, [run.questions for run in runs])):
+            paired = paired_comparison(Answers.of(cell, gate.extraction), Answers.pooled(side, gate.extraction), margin,
+                                       launch_sd=launch_sd)
+            if paired is not None:
+                night[design] = night_log_e(paired, gate.min_effect)
+        if "kept" in night:
+            found[key] = (nights + 1, log_e + night["kept"], log_e + night.get("tested", night["kept"]))
     return found
 
 

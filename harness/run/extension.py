@@ -3,7 +3,8 @@
 and judged again on everything they answered, at the budget's stage-2 share (a later cells.jsonl
 line replaces the earlier one for every reader). The extension runs on a server launch of its own:
 its answers are another launch's (harness.gate.launches). It spends from gate.undecided_budget
-(with the relaunches after it); a cell it leaves out says so. Early stop does not look at the
+(with the relaunches after it), cells whose evidence from earlier nights leans to a drop first
+(`Gating.leaning_first`); a cell it leaves out says so. Early stop does not look at the
 extension."""
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def extend(inputs: RunInputs, gating: Gating, schedule: Schedule) -> None:
     # Within gate.undecided_budget: a cell goes with its reference (a reference once for all its cells).
     wanted: list[str] = []
     left_out = []
-    for cell in undecided:
+    for cell in gating.leaning_first(undecided):
         new = [cell_id for cell_id in (cell.reference_cell, cell.cell_id) if cell_id and cell_id not in wanted]
-        if gating.spend(sum(gating.launch_cost(cells[cell_id], len(extra.prompts)) for cell_id in new)):
+        if gating.spend(sum(gating.launch_cost(cells[cell_id], len(extra.prompts)) for cell_id in new),
+                        leaning=gating.leaning(cell.cell_id)):
             wanted += new
         else:
             left_out.append(cell)

@@ -92,7 +92,8 @@ class Gating:
         self._prior: dict[str, float] = {}  # model id -> its suite's launch_sd (the prior)
         self._server_s: dict[str, float] = {}
         self._first: dict[str, CellOutcome] = {}  # cell id -> its first launch's outcome (timings: what a launch costs)
-        self.budget_left_s: float | None = None  # what deciding undecided cells may still spend (harness.run.relaunch)  # cell id -> GPU-seconds its servers held (every launch)
+        self.budget_left_s: float | None = None  # what deciding undecided cells may still spend (harness.run.relaunch)
+        self.reserve_s = 0.0  # what cells leaning to a drop may spend beyond it (`spend`)
         self.extension_plan = None  # the extension's questions, once asked (harness.run.extension)
 
     # ---- reading ---------------------------------------------------------------------------------
@@ -198,6 +199,18 @@ class Gating:
         return (result is not None and result.status is Status.INCONCLUSIVE and cell_id in self._answers
                 and cell_id not in self._unvouched)
 
+    def leaning(self, cell_id: str) -> bool:
+        """The cell's evidence from earlier nights leans to a drop: a log e above 0 since it last passed
+        (harness.gate.evidence). Known before tonight's answers, so what it decides (who is launched
+        again first) changes no test's size; a healthy cell leans so rarely: its drops must have come
+        out beyond the midpoint of their margin and gate.min_effect."""
+        return any(log_e > 0 for _, log_e in self.history.carried_evidence(cell_id).values())
+
+    def leaning_first(self, cells: list[Cell]) -> list[Cell]:
+        """`cells`, those `leaning` to a drop first (the budget for undecided cells goes to a drop that
+        persists before healthy cells left open), in the given order otherwise."""
+        return sorted(cells, key=lambda cell: not self.leaning(cell.cell_id))
+
     def launches(self, cell_id: str) -> int:
         """How many launches the cell's answers come from (0: none judged on answers)."""
         outcome = self._answers.get(cell_id)
@@ -278,14 +291,18 @@ class Gating:
         timings = first.timings
         return cell.gpus * (timings.startup_s + timings.eval_s * questions / asked)
 
-    def spend(self, cost: float) -> bool:
+    def spend(self, cost: float, leaning: bool = False) -> bool:
         """Take `cost` GPU-seconds from what deciding undecided cells may add (gate.undecided_budget of
-        the first pass, set at the first call); False, and nothing taken, when it does not fit."""
+        the first pass, set at the first call); False, and nothing taken, when it does not fit. A cell
+        `leaning` to a drop (`leaning_first`) may also draw on a reserve of the same size once the
+        budget is spent: a drop that persists is launched again whatever healthy cells were left
+        open (at most twice gate.undecided_budget in all)."""
         if self.gate.undecided_budget is None:
             return True
         if self.budget_left_s is None:
             self.budget_left_s = self.gate.undecided_budget * self.server_seconds()
-        if cost > self.budget_left_s + 1e-9:
+            self.reserve_s = self.budget_left_s
+        if cost > self.budget_left_s + (self.reserve_s if leaning else 0.0) + 1e-9:
             return False
         self.budget_left_s -= cost
         return True

@@ -7,9 +7,12 @@ A cell's baseline pools its answers in its newest runs under the same protocol w
 on answers and was not a regression (`pass` or `inconclusive`), up to `gate.history_runs` of them
 (each run's launches are launches of the pool): one earlier launch carries a whole launch's spread
 into the test, five carry a fifth of it. Searching back per cell, rather than using the latest run
-alone, keeps the history test for a cell that failed or was not selected last night. Only `fail`
-and `mismatch` are passed over, never a merely undecided night: pooling only the nights a cell
-passed would pool the nights its launches came out high (a cell at the edge passes on its good
+alone, keeps the history test for a cell that failed or was not selected last night. `fail` and
+`mismatch` are passed over, and so is an undecided night whose evidence of a drop was above 1
+(harness.gate.evidence: a drop the night could not prove yet, which would otherwise enter the
+baseline of the nights after it and hide itself from the history test; measured in
+benchmarks/gate_calibration.py, a 3-point drop red within 3 nights); never a merely undecided
+night: pooling only the nights a cell passed would pool the nights its launches came out high (a cell at the edge passes on its good
 nights), and a cell whose one passing night was lucky would then be held undecided against it for
 good (seen in benchmarks/gate_calibration.py: a cell compared with its first night's 0.908 for five
 nights while it scored 0.89). The tests that only fail a cell and accumulate or pool over
@@ -107,6 +110,8 @@ class History:
             return self._baselines[key]
         found = []
         for run in self._before_streak(cell_id) if before_streak else self.runs:
+            if not before_streak and self._leaned_to_a_drop(run, cell_id):
+                continue
             answers = self._answers(run, cell_id, BASELINE_STATUSES)
             if answers is not None:
                 found.append(answers)
@@ -114,6 +119,16 @@ class History:
                     break
         self._baselines[key] = Baseline(tuple(r for r, _ in found), tuple(o for _, o in found)) if found else None
         return self._baselines[key]
+
+    def _leaned_to_a_drop(self, run: RunInfo, cell_id: str) -> bool:
+        """The cell was left undecided there with its evidence of a drop above 1 (harness.gate.evidence):
+        a drop that the night could not prove yet. Such a night is no baseline for the nights after
+        (it would water down the drop the history test looks for); a healthy cell leans so only
+        when its drops since it last passed came out beyond the midpoint of their margin and
+        gate.min_effect, on average."""
+        result = self._results(run).get(cell_id)
+        return (result is not None and result.status is Status.INCONCLUSIVE
+                and any(log_e > 0 for _, log_e in result.evidence.values()))
 
     def _before_streak(self, cell_id: str) -> list[RunInfo]:
         """The searched runs from the one before the cell's current streak of nights it did not pass

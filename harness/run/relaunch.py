@@ -12,7 +12,8 @@ second time whatever the verdicts: each run then measures launch spread on its o
 The passes spend what the extension left of `gate.undecided_budget` (a share of the GPU-seconds
 of the run's first pass: each launch's GPUs x the seconds its server held them). A relaunch is
 expected to cost the cell's first launch on its questions (`Gating.launch_cost`). References go
-first (every comparison with them gains), then undecided cells in matrix order. A cell left over
+first (every comparison with them gains), then undecided cells whose evidence from earlier nights
+leans to a drop (`Gating.leaning_first`), then the rest in matrix order. A cell left over
 stays `inconclusive` with the reason, and `regress assess` names it. Early stop does not look at
 relaunches (its share of the budget was spent on the first launch).
 """
@@ -47,10 +48,12 @@ def relaunch_plan(cells: dict[str, Cell], gating: Gating, first_pass: bool, meas
     if first_pass and measure:
         references |= {cell_id for cell_id, cell in cells.items() if cell.is_reference and gating.answers(cell_id)}
     wanted = [cells[cell_id] for cell_id in sorted(references) if cell_id in cells and gating.answers(cell_id)]
-    wanted += [cell for cell in undecided if cell.cell_id not in references]
+    wanted += gating.leaning_first([cell for cell in undecided if cell.cell_id not in references])
+    # A cell leaning to a drop, and its reference, may draw on the reserve (`Gating.spend`).
+    leaning = {c for cell in undecided if gating.leaning(cell.cell_id) for c in (cell.cell_id, cell.reference_cell) if c}
     chosen, left_out = [], []
     for cell in wanted:
-        if gating.spend(gating.launch_cost(cell, questions(cell))):
+        if gating.spend(gating.launch_cost(cell, questions(cell)), leaning=cell.cell_id in leaning):
             chosen.append(cell)
         elif gating.undecided(cell.cell_id):
             left_out.append(cell)

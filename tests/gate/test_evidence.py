@@ -61,3 +61,27 @@ def test_the_streak_without_a_pass_is_left_out_of_the_baseline_and_a_pass_starts
     assert history.baseline("a").run_ids == ("night-4", "night-3", "night-2", "night-1")  # the paired test's
     passed = MemoryArchive([(info("night-1"), {"a": Status.INCONCLUSIVE}), (info("night-2"), {"a": Status.PASS})])
     assert History.of(passed, "nightly", "fp", "night-3").carried_evidence("a") == {}
+
+
+def test_a_relaunch_stage_tests_the_evidence_on_every_launch_and_keeps_the_first_launchs_factor():
+    """Tonight's test at a relaunch stage reads all the cell's launches (a smaller variance: the
+    launch spread halves); what is kept for the nights after is the first launch's factor, the one
+    design every night has."""
+    gate = GateSpec(tolerance=0.015, history_margin=0.01, min_effect=0.03)
+    stage = Stage(alpha=Budget(0.01, 10).stage(1), number=3)
+    reference = outcome(answers([True] * 1800 + [False] * 200, launch=0) + answers([True] * 1800 + [False] * 200, launch=1))
+    first_night = [True] * 1740 + [False] * 260  # 3 points down
+    one = outcome(answers(first_night, launch=0))
+    two = outcome(answers(first_night, launch=0) + answers(first_night, launch=1))
+    carried = {"reference": (1, 2.0)}
+    alone = judge(one, 0.5, gate, stage, reference=reference, launch_sd=0.005, carried=carried)
+    both = judge(two, 0.5, gate, stage, reference=reference, launch_sd=0.005, carried=carried)
+    assert both.evidence["reference"] == alone.evidence["reference"]  # kept: the first launch's factor
+    shown = {v.reason.split("evidence vs reference over 2 night(s) (")[1].split(")")[0] for v in (alone, both)}
+    assert shown == {"first launches", "tonight's 2 launches"}
+
+    def tested(verdict) -> float:
+        text = verdict.reason.split("evidence vs reference over 2 night(s) (")[1].split(": e=")[1].split(" ")[0]
+        return math.log(float(text.rstrip(";")))
+
+    assert tested(both) > tested(alone) + 0.5  # the same drop, measured with half the launch spread

@@ -17,15 +17,18 @@ def info(run_id: str, fingerprint: str = "fp", counts: dict[str, int] | None = N
 class MemoryArchive:
     """A RunArchive over dicts: runs oldest first, their cells, one answer per cell."""
 
-    def __init__(self, runs: list[tuple[RunInfo, dict[str, Status]]]) -> None:
+    def __init__(self, runs: list[tuple[RunInfo, dict[str, Status]]],
+                 evidence: dict[tuple[str, str], dict[str, tuple[int, float]]] | None = None) -> None:
         self.infos = [i for i, _ in runs]
         self.statuses = {i.run_id: cells for i, cells in runs}
+        self.evidence = evidence or {}  # (run, cell) -> its evidence across nights as cells.jsonl keeps it
 
     def runs(self, suite: str) -> list[RunInfo]:
         return self.infos
 
     def cells(self, run_id: str) -> list[CellResult]:
-        return [result(cell, status, reason="") for cell, status in self.statuses[run_id].items()]
+        return [result(cell, status, reason="", evidence=self.evidence.get((run_id, cell), {}))
+                for cell, status in self.statuses[run_id].items()]
 
     def questions(self, run_id: str, cell_id: str) -> list[QuestionRecord]:
         return [answer(0, True, prompt_sha=run_id)]
@@ -46,6 +49,18 @@ def test_each_cell_pairs_with_its_own_last_run_that_was_not_a_regression_and_the
     assert history.pinned("b")[0] == "night-1" and history.pinned("b")[1].questions[0].prompt_sha == "night-1"
     # The pin may be any night the cell was judged on answers and was not a regression in.
     assert History.of(archive, "nightly", "fp", "night-4", pinned_run_id="night-2").pinned("c")[0] == "night-2"
+
+
+def test_an_undecided_night_that_leaned_to_a_drop_is_no_baseline_for_the_history_test():
+    """A 3-point drop left undecided on its first night would enter the next night's baseline and
+    hide itself; a healthy undecided night (evidence below 1) still enters it."""
+    archive = MemoryArchive([(info("night-1"), {"d": Status.PASS, "e": Status.PASS}),
+                             (info("night-2"), {"d": Status.INCONCLUSIVE, "e": Status.INCONCLUSIVE})],
+                            evidence={("night-2", "d"): {"reference": (1, -0.3), "history": (1, 0.8)},
+                                      ("night-2", "e"): {"reference": (2, -0.4), "history": (2, -1.5)}})
+    history = History.of(archive, "nightly", "fp", "night-3", pool=5)
+    assert history.baseline("d").run_ids == ("night-1",)
+    assert history.baseline("e").run_ids == ("night-2", "night-1")
 
 
 def test_a_baseline_pools_the_newest_passing_runs():

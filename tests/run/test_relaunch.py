@@ -21,7 +21,7 @@ from harness.run.history import History
 from harness.run.pipeline import decide, extends, run_budget
 from harness.suite.config import load_suite
 from harness.suite.matrix import Matrix, expand
-from tests.records import answers
+from tests.records import answers, result, run_info
 
 
 class EmptyArchive:
@@ -66,9 +66,22 @@ class Launches:
                        "", None)
 
 
-def night(inputs: RunInputs, schedule: Launches) -> Gating:
+class LeaningArchive(EmptyArchive):
+    """One earlier night in which `cell_id` was left undecided with its evidence of a drop above 1."""
+
+    def __init__(self, cell_id: str) -> None:
+        self.cell_id = cell_id
+
+    def runs(self, suite):
+        return [run_info("before", suite="ladder", protocol_fingerprint="fp", ended_at="2026-12-01T01:00:00+00:00")]
+
+    def cells(self, run_id):
+        return [result(self.cell_id, Status.INCONCLUSIVE, evidence={"reference": (1, 1.5)})]
+
+
+def night(inputs: RunInputs, schedule: Launches, archive=None) -> Gating:
     gate = inputs.loaded.suite.gate
-    gating = Gating(gate, run_budget(inputs), "fp", History.of(EmptyArchive(), "ladder", "fp", "now", None),
+    gating = Gating(gate, run_budget(inputs), "fp", History.of(archive or EmptyArchive(), "ladder", "fp", "now", None),
                     Sinks([]), extends=extends(inputs))
     schedule(list(inputs.matrix.cells), inputs.plan, lambda cell, outcome, log, console: gating.offer(cell, outcome, log))
     decide(inputs, gating, schedule)
@@ -118,6 +131,23 @@ def test_the_budget_for_undecided_cells_stops_the_relaunches_and_the_cells_say_s
     assert undecided and all("budget for undecided cells (30% of the first pass's GPU-seconds) was spent" in r.reason
                              for r in undecided)
     assert all(r.decide and r.decide.startswith(("another launch", "more questions")) for r in undecided)
+
+
+def test_a_cell_whose_evidence_leans_to_a_drop_is_launched_again_first_and_beyond_the_budget(tmp_path, gsm8k):
+    """The same 30% budget, but one cell was left undecided last night with its evidence of a drop
+    above 1: it is launched again from the reserve (as large as the budget), before the healthy
+    undecided cells, which the spent budget leaves as they were."""
+    inputs = suite_inputs(tmp_path, gsm8k, {"max_launches": 3, "measure_launch_spread": True, "undecided_budget": 0.3})
+    leaning = next(c.cell_id for c in inputs.matrix.cells if not c.is_reference)
+    schedule = Launches(fixed(1))
+    gating = night(inputs, schedule, LeaningArchive(leaning))
+    launches = {cell_id: sum(1 for made, _ in schedule.made if made == cell_id) for cell_id in gating.results()}
+    others = [cell_id for cell_id in launches if cell_id != leaning and not inputs.matrix.by_id()[cell_id].is_reference]
+    assert gating.leaning(leaning) and not any(gating.leaning(c) for c in others)
+    # The budget (120 GPU-s) went to the reference's second launch; the leaning cell's relaunch (100)
+    # came from the reserve (120 more), which a third launch of it and its reference would exceed.
+    assert launches[leaning] == 2 and all(launches[c] == 1 for c in others)
+    assert all("was spent" in gating.results()[c].reason for c in others if gating.undecided(c))
 
 
 def test_a_model_wide_drop_fails_the_cells_that_moved_together_and_a_small_shift_does_not():
