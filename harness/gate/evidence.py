@@ -17,13 +17,20 @@ min_effect" (delta = min_effect - margin):
 
 its expectation under any drop <= margin is at most 1. A cell's product runs over its consecutive
 nights since it last passed (a pass starts it again at 1) and is kept in cells.jsonl (`evidence`).
+The restart is chosen by the nights themselves, so the product since the last pass is no fixed
+product; it is one of the products over tonight's trailing nights, and where the nights' factors are
+independent (each night launches the cell and its reference anew) the largest of those reaches
+1/alpha with chance at most alpha (Ville's inequality, read backwards in time). The history test's
+nights share their baseline runs, so for it this holds only approximately: the least-favourable rows
+of benchmarks/gate_calibration.py measure what it costs.
 
 Tonight's *test* may use more than the first launch: at a relaunch stage, the product carried from
 the nights before times tonight's e-value over every launch the cell (and its reference) has by
 then. Picture every cell launched `max_launches` times: the e-value over its first k launches is an
 e-value there, and the gate rejects at stage k only where that one would (a relaunch made because
 the first launch looked low only decides whether the stage is reached); each stage spends its own
-alpha. What is *kept* for the nights after is tonight's first-launch factor, the one design every
+alpha (whether the cell was extended before that stage is decided by its answers too, as for the
+stage's paired tests). What is *kept* for the nights after is tonight's first-launch factor, the one design every
 night has: a factor over however many launches a night happened to make would not be one.
 """
 
