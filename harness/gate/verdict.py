@@ -322,22 +322,27 @@ def _evidence(outcome: CellOutcome, gate: GateSpec, others: dict[str, Side], lau
     nights times tonight's e-value, kept with tonight's first launches (the same design every night:
     what the product needs to stay an e-process) and tested with every launch the cell and its
     reference have at this stage (harness.gate.evidence)."""
+    def night(cell: list[QuestionRecord], side: list[list[QuestionRecord]], margin: float) -> float | None:
+        paired = paired_comparison(Answers.of(cell, gate.extraction), Answers.pooled(side, gate.extraction), margin,
+                                   launch_sd=launch_sd)
+        return None if paired is None else night_log_e(paired, gate.min_effect)
+
+    first = first_launch(outcome.questions)
     found = {}
     for key, other in others.items():
-        runs = _runs(other)
-        if not runs:
+        every = [run.questions for run in _runs(other)]
+        if not every:
             continue
         margin = gate.tolerance if key == "reference" else gate.own_margin
+        kept_side = [first_launch(records) for records in every] if key == "reference" else every
+        kept = night(first, kept_side, margin)
+        if kept is None:
+            continue
+        # At stage 1 both designs read the same answers: tonight's test is the kept factor.
+        same = len(first) == len(outcome.questions) and all(len(a) == len(b) for a, b in zip(kept_side, every, strict=True))
+        tested = kept if same else night(outcome.questions, every, margin)
         nights, log_e = carried.get(key, (0, 0.0))
-        night = {}
-        for design, cell, side in (("kept", first_launch(outcome.questions), [first_launch(run.questions) for run in runs] if key == "reference" else [run.questions for run in runs]),
-                                   ("tested", outcome.questions, [run.questions for run in runs])):
-            paired = paired_comparison(Answers.of(cell, gate.extraction), Answers.pooled(side, gate.extraction), margin,
-                                       launch_sd=launch_sd)
-            if paired is not None:
-                night[design] = night_log_e(paired, gate.min_effect)
-        if "kept" in night:
-            found[key] = (nights + 1, log_e + night["kept"], log_e + night.get("tested", night["kept"]))
+        found[key] = (nights + 1, log_e + kept, log_e + (kept if tested is None else tested))
     return found
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
+from harness.gate.evidence import leans_to_a_drop
 from harness.gate.launches import SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
 from harness.gate.verdict import (
     Stage,
@@ -204,7 +205,7 @@ class Gating:
         (harness.gate.evidence). Known before tonight's answers, so what it decides (who is launched
         again first) changes no test's size; a healthy cell leans so rarely: its drops must have come
         out beyond the midpoint of their margin and gate.min_effect."""
-        return any(log_e > 0 for _, log_e in self.history.carried_evidence(cell_id).values())
+        return leans_to_a_drop(self.history.carried_evidence(cell_id))
 
     def leaning_first(self, cells: list[Cell]) -> list[Cell]:
         """`cells`, those `leaning` to a drop first (the budget for undecided cells goes to a drop that

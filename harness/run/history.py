@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.gate.evidence import leans_to_a_drop
 from harness.gate.launches import Answers, centred_sample, drop_with_variance
 from harness.gate.stats import paired_comparison
 from harness.gate.verdict import first_launch
@@ -127,8 +128,7 @@ class History:
         when its drops since it last passed came out beyond the midpoint of their margin and
         gate.min_effect, on average."""
         result = self._results(run).get(cell_id)
-        return (result is not None and result.status is Status.INCONCLUSIVE
-                and any(log_e > 0 for _, log_e in result.evidence.values()))
+        return result is not None and result.status is Status.INCONCLUSIVE and leans_to_a_drop(result.evidence)
 
     def _before_streak(self, cell_id: str) -> list[RunInfo]:
         """The searched runs from the one before the cell's current streak of nights it did not pass
