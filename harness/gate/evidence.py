@@ -51,10 +51,11 @@ def night_log_e(paired: Paired, min_effect: float) -> float:
     return (delta * (paired.drop - paired.margin) - delta * delta / 2) / max(paired.variance, 1e-12)
 
 
-def leans_to_a_drop(evidence: dict[str, tuple[int, float]]) -> bool:
-    """A cell's evidence (test -> (nights, log e)) is above 1 for some test: its drops since it last
-    passed came out beyond the midpoint of their margin and min_effect, on average."""
-    return any(log_e > 0 for _, log_e in evidence.values())
+def leans_to_a_drop(evidence: dict[str, tuple[int, float]], tests: tuple[str, ...] | None = None) -> bool:
+    """A cell's evidence (test -> (nights, log e)) is above 1 for some test (of `tests`, if given):
+    its drops since it last passed came out beyond the midpoint of their margin and min_effect, on
+    average."""
+    return any(log_e > 0 for test, (_, log_e) in evidence.items() if tests is None or test in tests)
 
 
 def rejects(log_e: float, alpha: float) -> bool:

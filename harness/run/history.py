@@ -8,8 +8,9 @@ on answers and was not a regression (`pass` or `inconclusive`), up to `gate.hist
 (each run's launches are launches of the pool): one earlier launch carries a whole launch's spread
 into the test, five carry a fifth of it. Searching back per cell, rather than using the latest run
 alone, keeps the history test for a cell that failed or was not selected last night. `fail` and
-`mismatch` are passed over, and so is an undecided night whose evidence of a drop was above 1
-(harness.gate.evidence: a drop the night could not prove yet, which would otherwise enter the
+`mismatch` are passed over, and so is an undecided night whose evidence of a drop against its
+reference (a reference cell: against its history) was above 1 (harness.gate.evidence: a drop the
+night could not prove yet, which would otherwise enter the
 baseline of the nights after it and hide itself from the history test; measured in
 benchmarks/gate_calibration.py, a 3-point drop red within 3 nights); never a merely undecided
 night: pooling only the nights a cell passed would pool the nights its launches came out high (a cell at the edge passes on its good
@@ -122,13 +123,21 @@ class History:
         return self._baselines[key]
 
     def _leaned_to_a_drop(self, run: RunInfo, cell_id: str) -> bool:
-        """The cell was left undecided there with its evidence of a drop above 1 (harness.gate.evidence):
-        a drop that the night could not prove yet. Such a night is no baseline for the nights after
+        """The cell was left undecided there with its evidence of a drop against its reference (a
+        reference cell: against its history) above 1 (harness.gate.evidence): a drop that the night
+        could not prove yet. Such a night is no baseline for the nights after
         (it would water down the drop the history test looks for); a healthy cell leans so only
         when its drops since it last passed came out beyond the midpoint of their margin and
         gate.min_effect, on average."""
         result = self._results(run).get(cell_id)
-        return result is not None and result.status is Status.INCONCLUSIVE and leans_to_a_drop(result.evidence)
+        if result is None or result.status is not Status.INCONCLUSIVE:
+            return False
+        # The evidence against the reference where the cell has one: the history's own evidence was
+        # measured against this baseline, so a night that leaned only against one lucky launch would
+        # keep that launch the baseline night after night (seen in benchmarks/gate_calibration.py:
+        # a healthy cell held open against its first night's 0.912 for five nights while it
+        # scored 0.90). A reference cell has only the history's.
+        return leans_to_a_drop(result.evidence, ("reference",) if "reference" in result.evidence else None)
 
     def _before_streak(self, cell_id: str) -> list[RunInfo]:
         """The searched runs from the one before the cell's current streak of nights it did not pass

@@ -53,14 +53,21 @@ def test_each_cell_pairs_with_its_own_last_run_that_was_not_a_regression_and_the
 
 def test_an_undecided_night_that_leaned_to_a_drop_is_no_baseline_for_the_history_test():
     """A 3-point drop left undecided on its first night would enter the next night's baseline and
-    hide itself; a healthy undecided night (evidence below 1) still enters it."""
-    archive = MemoryArchive([(info("night-1"), {"d": Status.PASS, "e": Status.PASS}),
-                             (info("night-2"), {"d": Status.INCONCLUSIVE, "e": Status.INCONCLUSIVE})],
-                            evidence={("night-2", "d"): {"reference": (1, -0.3), "history": (1, 0.8)},
-                                      ("night-2", "e"): {"reference": (2, -0.4), "history": (2, -1.5)}})
+    hide itself; a healthy undecided night (evidence below 1) still enters it. Where the cell has a
+    reference, its evidence against the reference decides: the history's own was measured against
+    this baseline, and a night that leaned only against one lucky launch would keep that launch the
+    baseline (f); a reference cell (r) has only the history's."""
+    archive = MemoryArchive([(info("night-1"), {c: Status.PASS for c in "defr"}),
+                             (info("night-2"), {c: Status.INCONCLUSIVE for c in "defr"})],
+                            evidence={("night-2", "d"): {"reference": (1, 0.6), "history": (1, -0.2)},
+                                      ("night-2", "e"): {"reference": (2, -0.4), "history": (2, -1.5)},
+                                      ("night-2", "f"): {"reference": (1, -2.3), "history": (1, 2.9)},
+                                      ("night-2", "r"): {"history": (1, 0.8)}})
     history = History.of(archive, "nightly", "fp", "night-3", pool=5)
     assert history.baseline("d").run_ids == ("night-1",)
     assert history.baseline("e").run_ids == ("night-2", "night-1")
+    assert history.baseline("f").run_ids == ("night-2", "night-1")
+    assert history.baseline("r").run_ids == ("night-1",)
 
 
 def test_a_baseline_pools_the_newest_passing_runs():
