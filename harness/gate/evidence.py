@@ -8,30 +8,32 @@ inequality, "the product reaches 1/alpha" happens with chance at most alpha on a
 however many nights the product has run and whenever it was started or stopped. So each test that
 accumulates spends only its share of each night's alpha, like any other test.
 
-Tonight's e-value of a paired drop D (variance V, from the cell's *first* launch: the relaunches
-within a night are made because the first looked undecided, and a likelihood ratio taken where a
-data-dependent rule stopped is no e-value) against "drop <= margin", at the alternative "drop =
-min_effect" (delta = min_effect - margin):
+Tonight's e-value of a paired drop D (variance V) against "drop <= margin", at the alternative
+"drop = min_effect" (delta = min_effect - margin):
 
     log e = (delta (D - margin) - delta^2 / 2) / V
 
-its expectation under any drop <= margin is at most 1. A cell's product runs over its consecutive
-nights since it last passed (a pass starts it again at 1) and is kept in cells.jsonl (`evidence`).
-The restart is chosen by the nights themselves, so the product since the last pass is no fixed
-product; it is one of the products over tonight's trailing nights, and where the nights' factors are
-independent (each night launches the cell and its reference anew) the largest of those reaches
-1/alpha with chance at most alpha (Ville's inequality, read backwards in time). The history test's
-nights share their baseline runs, so for it this holds only approximately: the least-favourable rows
-of benchmarks/gate_calibration.py measure what it costs.
+its expectation under any drop <= margin is at most 1. D and V are over every launch the cell (and
+its reference) has when it is judged: the night launches a cell again because its first launch
+looked undecided, and stops when it is decided or the budget is spent. That is no obstacle: for
+Gaussian launches the formula is the likelihood ratio of the joint answers of the launches so far
+(their mean D is the statistic; V = sampling variance + launch_sd^2 (1/k + 1/m) for k launches
+against m), and a likelihood ratio, launch after launch, is a martingale under the null's boundary
+(a supermartingale below it), so where the night stopped it is still an e-value (optional
+stopping; the launches stop by the third). The paired drop of the gate is close to, not exactly,
+that statistic (a question counts by the share of its launches that got it right, the extension's
+launch asks other questions), and V uses the measured launch spread: the least-favourable rows of
+benchmarks/gate_calibration.py measure what the approximation costs. A cell's product runs over its
+consecutive nights since it last passed (a pass starts it again at 1) and is kept in cells.jsonl
+(`evidence`), each night's factor at the cell's last stage that night (the one tested then).
 
-Tonight's *test* may use more than the first launch: at a relaunch stage, the product carried from
-the nights before times tonight's e-value over every launch the cell (and its reference) has by
-then. Picture every cell launched `max_launches` times: the e-value over its first k launches is an
-e-value there, and the gate rejects at stage k only where that one would (a relaunch made because
-the first launch looked low only decides whether the stage is reached); each stage spends its own
-alpha (whether the cell was extended before that stage is decided by its answers too, as for the
-stage's paired tests). What is *kept* for the nights after is tonight's first-launch factor, the one design every
-night has: a factor over however many launches a night happened to make would not be one.
+The restart is chosen by the nights themselves, so the product since the last pass is no fixed
+product; it is one of the products over tonight's trailing nights, and where the nights' factors
+are independent (each night launches the cell and its reference anew) the largest of those reaches
+1/alpha with chance at most alpha (Ville's inequality, read backwards in time). The history test's
+nights share their baseline runs, so for it this holds only approximately: the least-favourable
+rows of benchmarks/gate_calibration.py measure what it costs. Each stage at which the product is
+tested spends its own share of the night's alpha, like any other test.
 """
 
 from __future__ import annotations

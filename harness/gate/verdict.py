@@ -231,7 +231,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     launch-to-launch spread (harness.gate.launches), added to every paired test for each side's
     launches. Every side may hold several launches (its records' `launch`): a question then counts
     by the share of launches that answered it right. `carried`: the cell's evidence from its nights
-    since it last passed (harness.gate.evidence), continued with tonight's first launch against
+    since it last passed (harness.gate.evidence), continued with tonight's launches against
     `evidence_history` (the cell's runs from its last pass on; default: `history`).
     `deterministic`: the cell asked for deterministic inference (its self-checks are zero-tolerance).
 
@@ -250,12 +250,11 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and test_answers.n > 0
-    tested_evidence = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history},
-                                launch_sd, carried or {})
-    evidence = {key: (nights, kept) for key, (nights, kept, _) in tested_evidence.items()}
+    evidence = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history},
+                         launch_sd, carried or {})
     # An accumulated test is made from a cell's second night on (on its first it would repeat the
     # night's own paired test); its product is kept either way (harness.gate.evidence).
-    accumulated = {key: (nights, tested) for key, (nights, _, tested) in tested_evidence.items() if nights > 1}
+    accumulated = {key: found_e for key, found_e in evidence.items() if found_e[0] > 1}
     tests = floor_tested + len(found) + (diverged is not None) + len(accumulated)
     alpha = stage.alpha / max(tests, 1)
     count = answers.launch_count
@@ -317,32 +316,22 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
 
 
 def _evidence(outcome: CellOutcome, gate: GateSpec, others: dict[str, Side], launch_sd: float,
-              carried: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float, float]]:
-    """Each accumulating test's (nights, log e kept, log e tested): the product carried from earlier
-    nights times tonight's e-value, kept with tonight's first launches (the same design every night:
-    what the product needs to stay an e-process) and tested with every launch the cell and its
-    reference have at this stage (harness.gate.evidence)."""
-    def night(cell: list[QuestionRecord], side: list[list[QuestionRecord]], margin: float) -> float | None:
-        paired = paired_comparison(Answers.of(cell, gate.extraction), Answers.pooled(side, gate.extraction), margin,
-                                   launch_sd=launch_sd)
-        return None if paired is None else night_log_e(paired, gate.min_effect)
-
-    first = first_launch(outcome.questions)
+              carried: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float]]:
+    """Each accumulating test's (nights, log e): the product carried from earlier nights times
+    tonight's e-value over every launch the cell and its reference have at this stage (the
+    likelihood ratio stopped where the night stopped launching it: harness.gate.evidence)."""
     found = {}
     for key, other in others.items():
         every = [run.questions for run in _runs(other)]
         if not every:
             continue
         margin = gate.tolerance if key == "reference" else gate.own_margin
-        kept_side = [first_launch(records) for records in every] if key == "reference" else every
-        kept = night(first, kept_side, margin)
-        if kept is None:
+        paired = paired_comparison(Answers.of(outcome.questions, gate.extraction),
+                                   Answers.pooled(every, gate.extraction), margin, launch_sd=launch_sd)
+        if paired is None:
             continue
-        # At stage 1 both designs read the same answers: tonight's test is the kept factor.
-        same = len(first) == len(outcome.questions) and all(len(a) == len(b) for a, b in zip(kept_side, every, strict=True))
-        tested = kept if same else night(outcome.questions, every, margin)
         nights, log_e = carried.get(key, (0, 0.0))
-        found[key] = (nights + 1, log_e + kept, log_e + (kept if tested is None else tested))
+        found[key] = (nights + 1, log_e + night_log_e(paired, gate.min_effect))
     return found
 
 

@@ -63,10 +63,10 @@ def test_the_streak_without_a_pass_is_left_out_of_the_baseline_and_a_pass_starts
     assert History.of(passed, "nightly", "fp", "night-3").carried_evidence("a") == {}
 
 
-def test_a_relaunch_stage_tests_the_evidence_on_every_launch_and_keeps_the_first_launchs_factor():
-    """Tonight's test at a relaunch stage reads all the cell's launches (a smaller variance: the
-    launch spread halves); what is kept for the nights after is the first launch's factor, the one
-    design every night has."""
+def test_a_relaunch_stage_tests_and_keeps_the_evidence_over_every_launch():
+    """Tonight's factor at a relaunch stage reads all the cell's launches and its reference's (a
+    smaller variance: the launch spread halves), and the nights after carry that factor (the
+    likelihood ratio where the night stopped launching: harness.gate.evidence)."""
     gate = GateSpec(tolerance=0.015, history_margin=0.01, min_effect=0.03)
     stage = Stage(alpha=Budget(0.01, 10).stage(1), number=3)
     reference = outcome(answers([True] * 1800 + [False] * 200, launch=0) + answers([True] * 1800 + [False] * 200, launch=1))
@@ -76,7 +76,6 @@ def test_a_relaunch_stage_tests_the_evidence_on_every_launch_and_keeps_the_first
     carried = {"reference": (1, 2.0)}
     alone = judge(one, 0.5, gate, stage, reference=reference, launch_sd=0.005, carried=carried)
     both = judge(two, 0.5, gate, stage, reference=reference, launch_sd=0.005, carried=carried)
-    assert both.evidence["reference"] == alone.evidence["reference"]  # kept: the first launch's factor
     shown = {v.reason.split("evidence vs reference over 2 night(s) (")[1].split(")")[0] for v in (alone, both)}
     assert shown == {"first launches", "tonight's 2 launches"}
 
@@ -84,4 +83,7 @@ def test_a_relaunch_stage_tests_the_evidence_on_every_launch_and_keeps_the_first
         text = verdict.reason.split("evidence vs reference over 2 night(s) (")[1].split(": e=")[1].split(" ")[0]
         return math.log(float(text.rstrip(";")))
 
+    for verdict in (alone, both):  # what is kept is what was tested
+        assert verdict.evidence["reference"][0] == 2
+        assert math.isclose(verdict.evidence["reference"][1], tested(verdict), rel_tol=0.01)
     assert tested(both) > tested(alone) + 0.5  # the same drop, measured with half the launch spread
