@@ -129,8 +129,10 @@ def _ray_session():
 def ray_local(_ray_session, request):
     """The session's local Ray, checked alive as each module that needs it begins. Once in a full
     `make test` (CI stop 46) a module found the worker's Ray with no alive GPU node and its cells
-    waited `cluster.wait_for_nodes_s`; what left it so was not found. A dead one is started again,
-    with a warning naming the module, so that one module's leftovers cost no other module's test."""
+    waited `cluster.wait_for_nodes_s`: `start_local`'s retry test had shut down the Ray this worker
+    had connected (fixed in session 24: a failed try shuts down only what it started). A dead one
+    is still started again, with a warning naming the module, so that one module's leftovers cost
+    no other module's test."""
     import warnings
 
     import ray

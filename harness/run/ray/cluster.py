@@ -88,16 +88,19 @@ def start_local(start: Callable[[], Any], attempts: int | None = None, cleanup: 
     """Run `start` (a local Ray start: `ray.init(address="local", ...)`, or a test cluster's), trying
     again while it fails, up to `start_attempts()` times; between tries, Ray is shut down and the
     processes the failed try left behind (its GCS, raylet and their workers, children of this
-    process) are killed. The last failure becomes one ClusterError (exit 3)."""
+    process) are killed. A Ray this process had connected before is left alone: only what the failed
+    try started is shut down. The last failure becomes one ClusterError (exit 3)."""
     tries = attempts or start_attempts()
     began = time.monotonic()
+    connected = ray.is_initialized()
     for attempt in range(1, tries + 1):
         before = _descendants(os.getpid())
         try:
             return start()
         except Exception as error:  # noqa: BLE001 - Ray raises bare Exception, RuntimeError...; retried, then one error
-            with contextlib.suppress(Exception):
-                ray.shutdown()
+            if not connected:
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
             if cleanup is not None:
                 with contextlib.suppress(Exception):
                     cleanup()
