@@ -254,7 +254,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                          launch_sd, carried or {})
     # An accumulated test is made from a cell's second night on (on its first it would repeat the
     # night's own paired test); its product is kept either way (harness.gate.evidence).
-    accumulated = {key: found_e for key, found_e in evidence.items() if found_e[0] > 1}
+    accumulated = {key: (nights, log_e) for key, (nights, log_e) in evidence.items() if nights > 1}
     tests = floor_tested + len(found) + (diverged is not None) + len(accumulated)
     alpha = stage.alpha / max(tests, 1)
     count = answers.launch_count

@@ -125,10 +125,9 @@ class History:
     def _leaned_to_a_drop(self, run: RunInfo, cell_id: str) -> bool:
         """The cell was left undecided there with its evidence of a drop against its reference (a
         reference cell: against its history) above 1 (harness.gate.evidence): a drop that the night
-        could not prove yet. Such a night is no baseline for the nights after
-        (it would water down the drop the history test looks for); a healthy cell leans so only
-        when its drops since it last passed came out beyond the midpoint of their margin and
-        gate.min_effect, on average."""
+        could not prove yet. Such a night is no baseline for the nights after (it would water down
+        the drop the history test looks for); a healthy cell leans so only when its drops since it
+        last passed came out beyond the midpoint of their margin and gate.min_effect, on average."""
         result = self._results(run).get(cell_id)
         if result is None or result.status is not Status.INCONCLUSIVE:
             return False
