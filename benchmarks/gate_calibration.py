@@ -46,7 +46,9 @@ interval (Clopper-Pearson) and its count. The exact size of the margin test is c
 Tango's score test (the chance each rejects at a run's tiny alpha, summed over every outcome of the
 counts): `--only size`. Early stop: the incident's cells, their broken answers returned last:
 `--only early-stop`. The arithmetic of deciding a healthy cell under launch spread (how the green
-rate moves with launches and questions, by the normal approximation): `--only frontier`.
+rate moves with launches and questions, by the normal approximation), and the most any test could
+catch the one-cell drift by night 6 with (Neyman-Pearson, every simplification in the test's favour:
+`drift_bound`): `--only frontier`.
 """
 
 from __future__ import annotations
@@ -636,6 +638,66 @@ def frontier(data, console: Console, draws: int) -> None:
                                       if m in {c.model.id for c in cells}) + f" pts; green {green:.1%}")
 
 
+DRIFT_LAUNCHES = (1, 2, 3, 4)  # launches of the drifting cell a night, for the bound's frontier
+
+
+def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights: int = 6) -> None:
+    """The most any test can catch the one-cell drift by night `nights` (the scenario "drift 0.5
+    pt/night (one cell)": -drift x night from night 1, night 0 the pin), with every simplification in
+    the test's favour: it knows which cell drifts and how (linear, from night 0), the reference's true
+    accuracy, and that answers are Gaussian with a known sd; only the cell's launches are noisy (sd
+    `s` a launch, measured on `World`: its launch shift and its launch's redraws). A healthy cell is
+    one the gate's own tests allow: every night within `tolerance` of its reference and within
+    `history_margin` of its pinned night. By Neyman-Pearson, no test with a false-red chance <= alpha
+    at the healthy point nearest the drift can catch it with more than Phi(distance / s - z_alpha), the
+    distance (over nights 0..`nights`, with the cell's own healthy offset c from its reference drawn
+    as the benchmark draws it) minimised over that healthy set; averaged over c."""
+    rng = np.random.default_rng(0)
+    for name in ("pr", "nightly"):
+        suite = Suite.load(name, data)
+        gate = suite.inputs.loaded.suite.gate
+        tolerance, margin = gate.tolerance, gate.own_margin
+        cells = [c for c in suite.inputs.matrix.cells if not c.is_reference]
+        cell = cells[0]
+        planned = suite.inputs.loaded.suite.num_questions
+        reference = next(c for c in suite.inputs.matrix.cells if c.cell_id == cell.reference_cell)
+        launch_var, apart = [], []
+        for seed in range(draws):
+            world = World.draw(seed, suite.questions, suite.inputs, Scenario("drift bound", offsets=False), LAUNCH_SD)
+            mine, theirs = ([world.answers(side, night, 0, 0.0)[:planned].mean() for night in range(8)]
+                            for side in (cell, reference))
+            launch_var += [np.var(mine, ddof=1), np.var(theirs, ddof=1)]
+            apart.append(np.mean(theirs) - np.mean(mine))
+        # The cells' own difference on these questions (their fixed redraws), the launches' part taken out.
+        question_var = float(np.mean(np.square(apart))) - 2 * float(np.mean(launch_var)) / 8
+        s = math.sqrt(float(np.mean(launch_var)))
+        c_sd = math.sqrt(max(question_var, 0.0) + OFFSET_SD ** 2)
+        offsets = rng.normal(0, c_sd, 2000)
+        night = np.arange(nights + 1)
+        distances = np.array([_distance_to_healthy(c + drift * night, tolerance, margin) for c in offsets])
+        per_cell = gate.alpha / len(suite.inputs.matrix.cells)
+        console.print(f"drift bound ({name}: {drift * 100:g} pt a night on one cell, red by night {nights}; a "
+                      f"launch's sd on its {planned} questions {s * 100:.2f} pts, the cell's healthy offset sd "
+                      f"{c_sd * 100:.2f}; tolerance {tolerance * 100:g}, history margin {margin * 100:g} pts):")
+        for launches in DRIFT_LAUNCHES:
+            sd = s / math.sqrt(launches)
+            power = {alpha: float(np.mean(norm.cdf(distances / sd - norm.isf(alpha))))
+                     for alpha in (gate.alpha, per_cell)}
+            console.print(f"  {launches} launch(es) of the cell a night: caught at most {power[per_cell]:.1%} with "
+                          f"one cell's share of alpha ({per_cell:.2g}), {power[gate.alpha]:.1%} with the run's "
+                          f"whole alpha ({gate.alpha:g})")
+
+
+def _distance_to_healthy(drops: np.ndarray, tolerance: float, margin: float) -> float:
+    """The distance from a cell's drops from its reference night by night (night 0 its pin) to the
+    nearest drops the gate calls healthy (each <= tolerance, and <= the pin's + margin): for a pin's
+    drop m, each later night's nearest is min(drop, m + margin, tolerance); m searched on a grid."""
+    pins = np.linspace(drops[0] - 0.05, tolerance, 2001)
+    later = np.minimum(drops[1:][None, :], np.minimum(pins + margin, tolerance)[:, None])
+    best = float(((drops[0] - pins) ** 2 + ((drops[1:][None, :] - later) ** 2).sum(axis=1)).min())
+    return math.sqrt(best)
+
+
 def _drop_sds(suite: Suite, model: str, draws: int) -> dict[tuple[int, int], float]:
     """The sd of a healthy cell's measured drop from its reference (no offset), each side the mean of
     its launches on the same questions, for every (questions, launches) of FRONTIER: `World.answers`
@@ -726,6 +788,7 @@ def main() -> None:
         early_stop(load_gsm8k(), console, 50 if args.quick else 2000)
     if "frontier" in parts:
         frontier(load_gsm8k(), console, 20 if args.quick else 400)
+        drift_bound(load_gsm8k(), console, 10 if args.quick else 400)
     if "scenarios" in parts:
         chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
         unknown = [key for key in chosen if key not in SCENARIOS]
