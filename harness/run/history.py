@@ -39,6 +39,12 @@ from harness.results.archive import RunArchive
 from harness.results.catalog import answers_outcome
 
 MAX_RUNS_SEARCHED = 30
+# Night to night, launch spread is read from consecutive pairs among this many newest runs: a model
+# of C cells gets C - 1 degrees of freedom a pair. 15 runs (14 pairs) put the gate's estimate for
+# DeepSeek-V2-Lite's 3 PR cells within 25% of the truth in 70% of benchmark trials where 6 runs gave
+# 64%, Kimi-Linear's 6 cells 97% where 85% (benchmarks/gate_calibration.py, "launch spread
+# estimate", 33 trials), at the cost of reading each model's answers in 15 runs, not 6.
+SPREAD_RUNS = 15
 BASELINE_STATUSES = (Status.PASS, Status.INCONCLUSIVE)  # judged on answers, not a regression
 PINNED_STATUSES = BASELINE_STATUSES
 AUTO_PIN = "auto"
@@ -164,7 +170,7 @@ class History:
     def launch_samples(self, model: str, extraction: str) -> list[LaunchSample]:
         """What the searched runs measured of launch spread on `model`'s cells (harness.gate.launches):
         the samples they recorded (second launches, relaunches' unselected launches), and night to
-        night, each pair of consecutive runs among the newest `pool + 1` (the runs the baselines read)
+        night, each pair of consecutive runs among the newest `SPREAD_RUNS`
         as one `centred_sample` of the model's cells judged on answers in both."""
         recorded = [result.launch_sample for run in self.runs for result in self._results(run).values()
                     if result.model == model and result.launch_sample is not None]
@@ -173,7 +179,7 @@ class History:
     def _night_to_night(self, model: str, extraction: str) -> list[LaunchSample]:
         key = (model, extraction)
         if key not in self._night_samples:
-            recent = self.runs[:self.pool + 1]
+            recent = self.runs[:SPREAD_RUNS]
             samples = []
             for after, before in zip(recent, recent[1:], strict=False):
                 drops = []
