@@ -509,9 +509,11 @@ def today_cost(suite: Suite) -> float:
 
 
 def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str], launch_sd: float,
-              overrides: dict, console: Console, shard: tuple[int, int] = (0, 1), save: Path | None = None) -> None:
+              overrides: dict, console: Console, shard: tuple[int, int] = (0, 1), save: Path | None = None,
+              first: int = 0) -> None:
     """Play the chosen scenarios; `shard` (i, n): only the trials whose number is i modulo n (run n
-    processes, then `--merge` their `--save` files); `save`: the raw events and figures as JSON."""
+    processes, then `--merge` their `--save` files); `save`: the raw events and figures as JSON;
+    `first`: the first trial's number (a later run adds trials with other seeds)."""
     raw: dict = {"launch_sd": launch_sd, "suites": {}}
     for name in suites:
         suite = Suite.load(name, data, overrides)
@@ -526,9 +528,9 @@ def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str]
         counts = {key: max(1, trials[name] // FEWER.get(key, 1)) for key in chosen}
         collected = {key: ({}, {}) for key in chosen}
         # Trial by trial, each scenario in turn: the scenarios sharing a warm-up play it once a seed.
-        for number in range(shard[0], max(counts.values()), shard[1]):
+        for number in range(first + shard[0], first + max(counts.values()), shard[1]):
             for key in chosen:
-                if number >= counts[key]:
+                if number - first >= counts[key]:
                     continue
                 seed = number * 7919 + (17 if key in SHARED_WARMUP else zlib.crc32(key.encode()) % 1000)
                 found = trial(suite, SCENARIOS[key], seed, launch_sd)
@@ -774,6 +776,8 @@ def main() -> None:
     parser.add_argument("--scenarios", default=None, help="Scenario names to play (comma-separated; default all)")
     parser.add_argument("--quick", action="store_true", help="1 trial of each scenario on the PR suite, one size case")
     parser.add_argument("--shard", default="0/1", help="i/n: only trials i, i+n, i+2n, ... (run n processes at once)")
+    parser.add_argument("--first-trial", type=int, default=0,
+                        help="number the trials from this one (their seeds follow it): more trials after a run")
     parser.add_argument("--save", type=Path, default=None, help="write the raw events and figures to this JSON file")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, help="print the rows of these --save files")
     args = parser.parse_args()
@@ -802,7 +806,7 @@ def main() -> None:
             overrides[key] = yaml.safe_load(value)
         index, _, count = args.shard.partition("/")
         scenarios(load_gsm8k(), suites, trials, chosen, args.launch_sd, overrides, console, (int(index), int(count)),
-                  args.save)
+                  args.save, args.first_trial)
 
 
 if __name__ == "__main__":
