@@ -659,8 +659,7 @@ def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights
         suite = Suite.load(name, data)
         gate = suite.inputs.loaded.suite.gate
         tolerance, margin = gate.tolerance, gate.own_margin
-        cells = [c for c in suite.inputs.matrix.cells if not c.is_reference]
-        cell = cells[0]
+        cell = next(c for c in suite.inputs.matrix.cells if c.cell_id == dropped_cell(suite.inputs, suite.first_model()))
         planned = suite.inputs.loaded.suite.num_questions
         reference = next(c for c in suite.inputs.matrix.cells if c.cell_id == cell.reference_cell)
         launch_var, apart = [], []
@@ -677,7 +676,7 @@ def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights
         offsets = rng.normal(0, c_sd, 2000)
         night = np.arange(nights + 1)
         distances = np.array([_distance_to_healthy(c + drift * night, tolerance, margin) for c in offsets])
-        per_cell = gate.alpha / len(suite.inputs.matrix.cells)
+        per_cell = gate.alpha / len(suite.inputs.matrix.cells)  # the run's alpha over its cells
         console.print(f"drift bound ({name}: {drift * 100:g} pt a night on one cell, red by night {nights}; a "
                       f"launch's sd on its {planned} questions {s * 100:.2f} pts, the cell's healthy offset sd "
                       f"{c_sd * 100:.2f}; tolerance {tolerance * 100:g}, history margin {margin * 100:g} pts):")
