@@ -659,7 +659,8 @@ def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights
         suite = Suite.load(name, data)
         gate = suite.inputs.loaded.suite.gate
         tolerance, margin = gate.tolerance, gate.own_margin
-        cell = next(c for c in suite.inputs.matrix.cells if c.cell_id == dropped_cell(suite.inputs, suite.first_model()))
+        target = dropped_cell(suite.inputs, suite.first_model())
+        cell = next(c for c in suite.inputs.matrix.cells if c.cell_id == target)
         planned = suite.inputs.loaded.suite.num_questions
         reference = next(c for c in suite.inputs.matrix.cells if c.cell_id == cell.reference_cell)
         launch_var, apart = [], []
@@ -676,7 +677,7 @@ def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights
         offsets = rng.normal(0, c_sd, 2000)
         night = np.arange(nights + 1)
         distances = np.array([_distance_to_healthy(c + drift * night, tolerance, margin) for c in offsets])
-        per_cell = gate.alpha / len(suite.inputs.matrix.cells)  # the run's alpha over its cells
+        per_cell = run_budget(suite.inputs).per_cell  # one cell's share of the run's alpha
         console.print(f"drift bound ({name}: {drift * 100:g} pt a night on one cell, red by night {nights}; a "
                       f"launch's sd on its {planned} questions {s * 100:.2f} pts, the cell's healthy offset sd "
                       f"{c_sd * 100:.2f}; tolerance {tolerance * 100:g}, history margin {margin * 100:g} pts):")
@@ -692,8 +693,9 @@ def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights
 def _distance_to_healthy(drops: np.ndarray, tolerance: float, margin: float) -> float:
     """The distance from a cell's drops from its reference night by night (night 0 its pin) to the
     nearest drops the gate calls healthy (each <= tolerance, and <= the pin's + margin): for a pin's
-    drop m, each later night's nearest is min(drop, m + margin, tolerance); m searched on a grid."""
-    pins = np.linspace(drops[0] - 0.05, tolerance, 2001)
+    drop m, each later night's nearest is min(drop, m + margin, tolerance); m searched on a grid
+    from the pin's own drop (a lower m only moves every night further) up to tolerance."""
+    pins = np.linspace(min(drops[0], tolerance), tolerance, 2001)
     later = np.minimum(drops[1:][None, :], np.minimum(pins + margin, tolerance)[:, None])
     best = float(((drops[0] - pins) ** 2 + ((drops[1:][None, :] - later) ** 2).sum(axis=1)).min())
     return math.sqrt(best)
@@ -790,8 +792,9 @@ def main() -> None:
     if "early-stop" in parts:
         early_stop(load_gsm8k(), console, 50 if args.quick else 2000)
     if "frontier" in parts:
-        frontier(load_gsm8k(), console, 20 if args.quick else 400)
-        drift_bound(load_gsm8k(), console, 10 if args.quick else 400)
+        data = load_gsm8k()
+        frontier(data, console, 20 if args.quick else 400)
+        drift_bound(data, console, 10 if args.quick else 400)
     if "scenarios" in parts:
         chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
         unknown = [key for key in chosen if key not in SCENARIOS]
