@@ -15,12 +15,12 @@ SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 # `make test` runs the modules on pytest-xdist workers, a whole module to one worker (--dist loadscope:
 # a module's fixtures, such as the real-engine run, are made once). The long modules go out first, so
 # that none of them starts last and runs alone while the other workers have finished. Seconds each
-# took under `make test` on 2 quiet cores (two workers; docs/benchmarks.md, "The test suite (session
-# 17)"; the real-engine and self-check figures from session 20's run, 732 passed in 10 min 25 s).
+# took under `make test` on 2 quiet cores (two workers; docs/benchmarks.md, "The test suite"), or
+# alone where marked.
 LONGEST_FIRST = (
-    "tests/real_engine/test_real_sglang.py",  # 212 s alone: seven real sglang servers, then three more
-    "tests/real_engine/test_trained_model.py",  # 133 s alone: a trained model built, two real servers
-    "tests/test_incident_demo.py",  # 109 s: 32 simulated cells, 23,000 questions
+    "tests/real_engine/test_real_sglang.py",  # 225 s alone (session 27): seven real sglang servers, then three more
+    "tests/real_engine/test_trained_model.py",  # 227 s alone: a trained model built, two real servers
+    "tests/test_incident_demo.py",  # 118-176 s: 32 simulated cells, 23,000 questions
     "tests/test_benchmarks.py",  # 136 s: every benchmark's quick mode
     "tests/test_run_end_to_end.py",  # 87 s
     "tests/test_mlflow_server.py",  # 118 s: an `mlflow server`, stopped mid-run
@@ -31,6 +31,11 @@ LONGEST_FIRST = (
     "tests/test_faults.py",  # 100 s
     "tests/engine/test_sglang_check.py",  # 49 s: real sglang's parser
 )
+# The real-engine modules go to one worker, one after the other. Each keeps both cores busy with its
+# servers (one core per server): side by side on two workers (session 25's full run) they took 453 s
+# and 419 s, longer than one after the other alone (session 27: 225 s + 227 s), and held both
+# workers all that time.
+TOGETHER = "tests/real_engine/"
 
 
 def gsm8k_folder() -> Path:
@@ -46,6 +51,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The modules of LONGEST_FIRST first, in that order; the rest as collected."""
     rank = {module: index for index, module in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under --dist loadscope: the modules under TOGETHER are one unit of work, the rest one a module;
+    and the worker that runs TOGETHER is given nothing more until it is done (xdist queues the next
+    unit behind a worker's last two tests: here it would wait behind the trained model's ~6 minutes
+    while the other worker ran dry)."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TogetherScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return TOGETHER if nodeid.startswith(TOGETHER) else super()._split_scope(nodeid)
+
+        def _reschedule(self, node) -> None:
+            if not all(self.assigned_work.get(node, {}).get(TOGETHER, {}).values()):
+                return
+            super()._reschedule(node)
+
+    return TogetherScheduling(config, log)
 
 
 def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
