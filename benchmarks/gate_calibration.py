@@ -613,12 +613,12 @@ def size(console: Console, quick: bool) -> None:
 FRONTIER = [(questions, launches) for questions in (2638, 5276) for launches in (1, 2, 3)]
 
 
-def frontier(data, console: Console, draws: int) -> None:
+def frontier(data, console: Console, draws: int, launch_sd: float = LAUNCH_SD) -> None:
     """The arithmetic of deciding a cell under launch spread: a healthy cell (its backend offset
     N(0, OFFSET_SD) from its reference) passes when its drop's upper bound is under min_effect, so a
     night is green when every cell's is. The drop's sd is measured on this answer model (`World`:
     launches of a cell and of its reference, `launches` each, on the first `questions` questions,
-    LAUNCH_SD each), and the green rate is the product over the suite's non-reference cells of
+    `launch_sd` each), and the green rate is the product over the suite's non-reference cells of
     P(offset + error + z sd < min_effect), the error N(0, sd), z the shipped bound's one-sided
     quantile at one stage of four (98.75%). Normal arithmetic: the scenarios' rows are the measurement."""
     sds: dict[str, dict[tuple[int, int], float]] = {}  # model -> (questions, launches) -> sd: a model's, whatever the suite
@@ -629,7 +629,7 @@ def frontier(data, console: Console, draws: int) -> None:
         cells = [c for c in suite.inputs.matrix.cells if not c.is_reference]
         for model in suite.inputs.loaded.suite.models:
             if model.id not in sds:
-                sds[model.id] = _drop_sds(suite, model.id, draws)
+                sds[model.id] = _drop_sds(suite, model.id, draws, launch_sd)
         console.print(f"frontier ({name}: {len(cells)} cells judged against a reference; green 80% needs each "
                       f"to pass with {0.8 ** (1 / len(cells)):.2%}; bound z {z:.2f}):")
         for key in FRONTIER:
@@ -643,7 +643,8 @@ def frontier(data, console: Console, draws: int) -> None:
 DRIFT_LAUNCHES = (1, 2, 3, 4)  # launches of the drifting cell a night, for the bound's frontier
 
 
-def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights: int = 6) -> None:
+def drift_bound(data, console: Console, draws: int, launch_sd: float = LAUNCH_SD, drift: float = 0.005,
+                nights: int = 6) -> None:
     """The most any test can catch the one-cell drift by night `nights` (the scenario "drift 0.5
     pt/night (one cell)": -drift x night from night 1, night 0 the pin), with every simplification in
     the test's favour: it knows which cell drifts and how (linear, from night 0), the reference's true
@@ -665,7 +666,7 @@ def drift_bound(data, console: Console, draws: int, drift: float = 0.005, nights
         reference = next(c for c in suite.inputs.matrix.cells if c.cell_id == cell.reference_cell)
         launch_var, apart = [], []
         for seed in range(draws):
-            world = World.draw(seed, suite.questions, suite.inputs, Scenario("drift bound", offsets=False), LAUNCH_SD)
+            world = World.draw(seed, suite.questions, suite.inputs, Scenario("drift bound", offsets=False), launch_sd)
             mine, theirs = ([world.answers(side, night, 0, 0.0)[:planned].mean() for night in range(8)]
                             for side in (cell, reference))
             launch_var += [np.var(mine, ddof=1), np.var(theirs, ddof=1)]
@@ -701,7 +702,7 @@ def _distance_to_healthy(drops: np.ndarray, tolerance: float, margin: float) -> 
     return math.sqrt(best)
 
 
-def _drop_sds(suite: Suite, model: str, draws: int) -> dict[tuple[int, int], float]:
+def _drop_sds(suite: Suite, model: str, draws: int, launch_sd: float) -> dict[tuple[int, int], float]:
     """The sd of a healthy cell's measured drop from its reference (no offset), each side the mean of
     its launches on the same questions, for every (questions, launches) of FRONTIER: `World.answers`
     of one of `model`'s cells and its reference, a world per draw."""
@@ -710,7 +711,7 @@ def _drop_sds(suite: Suite, model: str, draws: int) -> dict[tuple[int, int], flo
     most = max(launches for _, launches in FRONTIER)
     drops: dict[tuple[int, int], list[float]] = {key: [] for key in FRONTIER}
     for seed in range(draws):
-        world = World.draw(seed, suite.questions, suite.inputs, Scenario("frontier", offsets=False), LAUNCH_SD)
+        world = World.draw(seed, suite.questions, suite.inputs, Scenario("frontier", offsets=False), launch_sd)
         mine = [world.answers(cell, 0, launch, 0.0) for launch in range(most)]
         theirs = [world.answers(reference, 0, launch, 0.0) for launch in range(most)]
         for questions, launches in FRONTIER:
@@ -767,8 +768,9 @@ def main() -> None:
     parser.add_argument("--nightly-trials", type=int, default=100)
     parser.add_argument("--suites", default="pr,nightly")
     parser.add_argument("--launch-sd", type=float, default=LAUNCH_SD,
-                        help="The fleet's true launch spread (sd, a fraction; default 0.005). The suites' own "
-                             "launch_sd stays their prior; the gate measures the spread.")
+                        help="The fleet's true launch spread (sd, a fraction; default 0.005), in the scenarios, "
+                             "the frontier and the drift's bound. The suites' own launch_sd stays their prior; the "
+                             "gate measures the spread.")
     parser.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
                         help="Override a gate setting of the shipped suites (max_launches=1), or a suite setting "
                              "(suite.num_questions=2638), repeatable")
@@ -793,8 +795,8 @@ def main() -> None:
         early_stop(load_gsm8k(), console, 50 if args.quick else 2000)
     if "frontier" in parts:
         data = load_gsm8k()
-        frontier(data, console, 20 if args.quick else 400)
-        drift_bound(data, console, 10 if args.quick else 400)
+        frontier(data, console, 20 if args.quick else 400, args.launch_sd)
+        drift_bound(data, console, 10 if args.quick else 400, args.launch_sd)
     if "scenarios" in parts:
         chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
         unknown = [key for key in chosen if key not in SCENARIOS]
