@@ -54,10 +54,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under --dist loadscope: the modules under TOGETHER are one unit of work, the rest one a module;
-    and the worker that runs TOGETHER is given nothing more until it is done (xdist queues the next
-    unit behind a worker's last two tests: here it would wait behind the trained model's ~6 minutes
-    while the other worker ran dry)."""
+    """Under --dist loadscope: the modules under TOGETHER are one unit of work, the rest one a module.
+    (Not tried again: holding back that worker's next unit until TOGETHER is done. A worker runs a
+    test only once it knows the next one, so the last real-engine test waited for the other worker
+    to finish everything: 1,076 s in all.)"""
     if config.getoption("dist", None) != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -65,11 +65,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class TogetherScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return TOGETHER if nodeid.startswith(TOGETHER) else super()._split_scope(nodeid)
-
-        def _reschedule(self, node) -> None:
-            if not all(self.assigned_work.get(node, {}).get(TOGETHER, {}).values()):
-                return
-            super()._reschedule(node)
 
     return TogetherScheduling(config, log)
 
