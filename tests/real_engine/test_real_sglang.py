@@ -47,7 +47,9 @@ def tiny_model(_gsm8k_env: Path) -> Path:
 
 
 def cpu_suite(tmp_path: Path, model: Path, models: str, axes: str, extra: str = "", questions: int = 6,
-              concurrency: int = 3) -> Path:
+              concurrency: int = 3, model_args: str = "[]") -> Path:
+    """A suite of real sglang on this CPU; `models` is formatted with {model}, {startup}, {log},
+    {plants} and {model_args} (a YAML list of the servers' extra arguments)."""
     path = tmp_path / "cpu.yaml"
     path.write_text(f"""
 suite: real-cpu
@@ -61,7 +63,8 @@ request_timeout_s: {machine_s(120):.0f}
 stop_grace_s: 20
 gate: {{extend_to: null, tolerance: 0.2, min_effect: 0.5, self_checks: {{max_share: 1.0}}}}  # what 6 questions can bound (divergence does the work)
 models:
-{models.format(model=model, startup=f"{machine_s(300):.0f}", log=tmp_path / "stand-ins.log", plants=PLANTS)}
+{models.format(model=model, startup=f"{machine_s(300):.0f}", log=tmp_path / "stand-ins.log", plants=PLANTS,
+               model_args=model_args)}
 axes:
 {axes}
 {extra}
