@@ -168,6 +168,10 @@ class History:
                 return {} if result.status is Status.PASS else dict(result.evidence)
         return {}
 
+    def models(self) -> set[str]:
+        """The models whose cells the searched runs judged."""
+        return {result.model for run in self.runs for result in self._results(run).values()}
+
     def launch_samples(self, model: str, extraction: str) -> list[LaunchSample]:
         """What the searched runs measured of launch spread on `model`'s cells (harness.gate.launches):
         the samples they recorded (second launches, relaunches' unselected launches), and night to

@@ -169,6 +169,10 @@ class GateSpec(Strict):
     # Launch every reference a second time in each run, undecided cells or not: the night's own
     # measurement of launch spread (harness.gate.launches), and a reference twice as steady.
     measure_launch_spread: bool = False
+    # One launch spread for all the suite's models: their samples pooled into one estimate (twice the
+    # degrees of freedom with two models), for a fleet whose spread is common to them (the same
+    # nodes, the same non-deterministic kernels). false: each model's own (harness.gate.launches).
+    pool_launch_spread: bool = False
     # The history test pools the cell's answers in its newest earlier runs that were not a
     # regression, up to this many.
     history_runs: Annotated[int, Field(ge=1, le=30)] = 5

@@ -11,6 +11,7 @@ import yaml
 
 from harness.benchmark.gsm8k.protocol import build_plan
 from harness.benchmark.scoring import score
+from harness.gate.launches import pooled_spread
 from harness.gate.model_wide import model_wide_test
 from harness.gate.stats import paired_comparison
 from harness.records import CellOutcome, Status, Timings
@@ -168,3 +169,31 @@ def test_a_model_wide_drop_fails_the_cells_that_moved_together_and_a_small_shift
     steady = model_wide_test("m", "its last runs", drops(0.0), 0.01, 1e-4)
     assert not steady.rejected
     assert model_wide_test("m", "its last runs", drops(0.05)[:2], 0.01, 1e-4) is None  # under 3 cells: no test
+
+
+def test_pool_launch_spread_gives_every_model_one_estimate_from_all_their_samples(tmp_path, gsm8k):
+    """Two models, each reference launched a second time: one sample (1 df) a model. Pooled
+    (gate.pool_launch_spread), each model's spread is the estimate over both samples."""
+    spreads = {}
+    for pooled in (False, True):
+        folder = tmp_path / str(pooled)
+        folder.mkdir()
+        spec = {"suite": "ladder", "engine": "sim", "num_questions": 400, "seed": 0,
+                "gate": {"alpha": 0.01, "tolerance": 0.015, "min_effect": 0.03, "max_launches": 2, "measure_launch_spread": True,
+                         "pool_launch_spread": pooled},
+                "models": [{"id": name, "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "accuracy": 0.9, "launch_sd": 0.01}
+                           for name in ("m", "n")],
+                "axes": {"attention_backend": ["triton", "fa3"]}}
+        (folder / "ladder.yaml").write_text(yaml.safe_dump(spec))
+        loaded = load_suite(folder / "ladder.yaml")
+        inputs = RunInputs(loaded, Matrix(expand(loaded.suite).cells), gsm8k, build_plan(gsm8k, "clean", 400, 0, 512))
+        gating = night(inputs, Launches(fixed(2)))
+        samples = {r.model: r.launch_sample for r in gating.results().values() if r.launch_sample is not None}
+        assert set(samples) == {"m", "n"} and all(s.df == 1 for s in samples.values())
+        spreads[pooled] = {model: gating.spread(model) for model in ("m", "n")}
+        if pooled:
+            both = pooled_spread(list(samples.values()))
+            assert spreads[True]["m"] == spreads[True]["n"] == both and both.df == 2
+        else:
+            assert all(spreads[False][model] == pooled_spread([samples[model]]) for model in ("m", "n"))
+    assert spreads[False]["m"] != spreads[False]["n"]  # the models' own samples differ
