@@ -238,11 +238,12 @@ class Gating:
     def spread(self, model: str) -> SpreadEstimate | None:
         """The launch spread measured on `model`'s cells (with gate.pool_launch_spread: on every
         model's cells): this run's launches so far and the history's."""
-        models = ({model} | set(self._prior) | self.history.models()) if self.gate.pool_launch_spread else {model}
-        samples = [sample for name in sorted(models) for sample in self.history.launch_samples(name, self.gate.extraction)]
+        pooled = self.gate.pool_launch_spread
+        models = sorted(self.history.models() | {model}) if pooled else [model]
+        samples = [sample for name in models for sample in self.history.launch_samples(name, self.gate.extraction)]
         for cell_id, outcome in self._answers.items():
             result = self._results.get(cell_id)
-            if result is None or result.model not in models:
+            if result is None or (not pooled and result.model != model):
                 continue
             sample = self._sample(cell_id, outcome)
             if sample is not None:

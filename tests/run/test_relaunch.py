@@ -36,10 +36,12 @@ class EmptyArchive:
         return []
 
 
-def suite_inputs(tmp_path, gsm8k, gate: dict, backends=("triton", "fa3", "flashinfer", "flashmla")) -> RunInputs:
+def suite_inputs(tmp_path, gsm8k, gate: dict, backends=("triton", "fa3", "flashinfer", "flashmla"),
+                 models=("m",)) -> RunInputs:
     spec = {"suite": "ladder", "engine": "sim", "num_questions": 400, "seed": 0,
             "gate": {"alpha": 0.01, "tolerance": 0.015, "min_effect": 0.03, **gate},
-            "models": [{"id": "m", "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "accuracy": 0.9, "launch_sd": 0.01}],
+            "models": [{"id": name, "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "accuracy": 0.9, "launch_sd": 0.01}
+                       for name in models],
             "axes": {"attention_backend": list(backends)}}
     (tmp_path / "ladder.yaml").write_text(yaml.safe_dump(spec))
     loaded = load_suite(tmp_path / "ladder.yaml")
@@ -178,15 +180,8 @@ def test_pool_launch_spread_gives_every_model_one_estimate_from_all_their_sample
     for pooled in (False, True):
         folder = tmp_path / str(pooled)
         folder.mkdir()
-        spec = {"suite": "ladder", "engine": "sim", "num_questions": 400, "seed": 0,
-                "gate": {"alpha": 0.01, "tolerance": 0.015, "min_effect": 0.03, "max_launches": 2, "measure_launch_spread": True,
-                         "pool_launch_spread": pooled},
-                "models": [{"id": name, "path": "deepseek-ai/DeepSeek-V2-Lite-Chat", "accuracy": 0.9, "launch_sd": 0.01}
-                           for name in ("m", "n")],
-                "axes": {"attention_backend": ["triton", "fa3"]}}
-        (folder / "ladder.yaml").write_text(yaml.safe_dump(spec))
-        loaded = load_suite(folder / "ladder.yaml")
-        inputs = RunInputs(loaded, Matrix(expand(loaded.suite).cells), gsm8k, build_plan(gsm8k, "clean", 400, 0, 512))
+        inputs = suite_inputs(folder, gsm8k, {"max_launches": 2, "measure_launch_spread": True, "pool_launch_spread": pooled},
+                              backends=("triton", "fa3"), models=("m", "n"))
         gating = night(inputs, Launches(fixed(2)))
         samples = {r.model: r.launch_sample for r in gating.results().values() if r.launch_sample is not None}
         assert set(samples) == {"m", "n"} and all(s.df == 1 for s in samples.values())
