@@ -211,6 +211,19 @@ async def _ask_once(session: aiohttp.ClientSession, base_url: str, route: str, b
 Sender = Callable[[str, dict[str, Any], str], Awaitable[Any]]
 
 
+def _reporting(send: Sender, on_answer: Callable[[], None] | None) -> Sender:
+    """`send`, calling `on_answer` after each answer the server gives (`send` as is when None)."""
+    if on_answer is None:
+        return send
+
+    async def send_and_report(route: str, body: dict[str, Any], endpoint: str) -> Any:
+        result = await send(route, body, endpoint)
+        on_answer()
+        return result
+
+    return send_and_report
+
+
 def _openai_sender(client: Any) -> Sender:
     import openai
 
@@ -360,11 +373,15 @@ class _QuestionQueue:
 
 async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = EvalSettings(),
                    on_progress: Callable[[Progress], None] | None = None,
-                   should_stop: Callable[[list[QuestionRecord]], bool] | None = None) -> tuple[Score, list[QuestionRecord]]:
+                   should_stop: Callable[[list[QuestionRecord]], bool] | None = None,
+                   on_answer: Callable[[], None] | None = None) -> tuple[Score, list[QuestionRecord]]:
     """Ask every prompt of `plan` against `base_url`; return the score and per-question records.
 
     `should_stop`, called after each answer with the records so far, ends the evaluation early
     (the sequential gate uses it). Records come back in the plan's question order.
+    `on_answer` is called after every request the server answers: a question, its teacher text,
+    each request of the self-checks. It is the hang watch's heartbeat: on a slow server the
+    self-checks alone can run for minutes after the last question was answered.
     """
     base_url = base_url.rstrip("/")
     asking = _QuestionQueue(plan, settings, on_progress, should_stop)
@@ -374,7 +391,7 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
     async with contextlib.AsyncExitStack() as stack:
         session = await stack.enter_async_context(
             aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers))
-        send: Sender = functools.partial(_ask_once, session, base_url)
+        send: Sender = _reporting(functools.partial(_ask_once, session, base_url), on_answer)
         teacher_send = send  # `/generate` is not an OpenAI route: always aiohttp
         if settings.client == "openai" and plan.endpoint != "generate":
             import openai
@@ -382,7 +399,7 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
             client = await stack.enter_async_context(openai.AsyncOpenAI(
                 base_url=base_url + "/v1", api_key=settings.api_key or "none", max_retries=0,
                 timeout=settings.request_timeout_s))
-            send = _openai_sender(client)
+            send = _reporting(_openai_sender(client), on_answer)
         ordered = await asking.run(send, teacher_send)
         elapsed = time.perf_counter() - asking.started  # the evaluation's own time (its throughput)
         if settings.self_checks and not asking.stop.is_set():

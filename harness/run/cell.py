@@ -47,18 +47,20 @@ def read_log(path: Path) -> str:
 
 
 class _EarlyStopWatch:
-    """Progress and early-stop bookkeeping for one evaluation."""
+    """The hang watch's heartbeat and the early-stop bookkeeping for one evaluation."""
 
     def __init__(self, early_stop: EarlyStop | None, divergence_stop: DivergenceStop | None = None) -> None:
         self.looks: list[Looks | DivergenceLooks] = [Looks(early_stop)] if early_stop else []
         if divergence_stop is not None:
             self.looks.append(DivergenceLooks(divergence_stop))
         self.seen = 0
-        self.last_progress = time.monotonic()
+        # When the server last answered any request (a question, a teacher text, a self-check): what
+        # the hang watch measures quiet from.
+        self.last_answer = time.monotonic()
         self.stop_reason: str | None = None
 
-    def on_progress(self, _: object) -> None:
-        self.last_progress = time.monotonic()
+    def on_answer(self) -> None:
+        self.last_answer = time.monotonic()
 
     def should_stop(self, records: list[QuestionRecord]) -> bool:
         if not self.looks:
@@ -91,8 +93,8 @@ async def _measure(server: ServerProcess, job: CellJob, plan: ProtocolPlan, info
                       f"route): {', '.join(sorted(cell.expected))} not checked")
     watch = _EarlyStopWatch(job.early_stop, job.divergence_stop)
     score, records = await server.guard(
-        evaluate(server.base_url, plan, job.settings, on_progress=watch.on_progress, should_stop=watch.should_stop),
-        progress=lambda: watch.last_progress, stall_timeout_s=job.stall_timeout_s)
+        evaluate(server.base_url, plan, job.settings, should_stop=watch.should_stop, on_answer=watch.on_answer),
+        progress=lambda: watch.last_answer, stall_timeout_s=job.stall_timeout_s)
     timings["eval_s"] = score.eval_s
     unexercised = exercise_mismatches(cell.expected, records)
     return CellOutcome(cell_id=cell.cell_id, args=server.argv, server=info, score=score, questions=records,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 from harness.benchmark.evaluator import EvalSettings, evaluate
@@ -217,3 +218,26 @@ def test_a_server_that_trickles_bytes_is_cut_off_at_the_questions_deadline(gsm8k
     score, records = asyncio.run(scenario())
     assert time.perf_counter() - started < 30  # not 60 s x attempts
     assert score.n == 0 and all("deadline of 1.5 s" in r.error for r in records)
+
+
+def test_every_answer_is_a_heartbeat_the_self_checks_after_the_last_question_too(tmp_path, gsm8k):
+    """The hang watch measures quiet from the server's last answer to any request. The self-checks
+    ask after the last question was graded (on a slow CPU, for minutes): each of their answers
+    beats too, so a server busy with them is never judged hung for want of question answers."""
+    graded, heard = [], []
+    settings = replace(FAST_RETRIES, self_checks=4, flush_route="/flush_cache")
+
+    async def scenario():
+        async with ServerProcess(sim_spec(CELL, fault_world(tmp_path)), tmp_path / "s.log") as server:
+            return await evaluate(server.base_url, build_plan(gsm8k, "clean", 20, 0), settings,
+                                  on_progress=lambda _: graded.append(time.monotonic()),
+                                  on_answer=lambda: heard.append(time.monotonic()))
+
+    _, records = asyncio.run(scenario())
+    checked = [r.checks for r in records if r.checks is not None]
+    assert len(checked) == 4 and all(c.replay and c.replay.error is None for c in checked)
+    assert len(graded) == 20
+    after_last_question = [moment for moment in heard if moment > graded[-1]]
+    # each checked question: its teacher text alone, its replay, the decode check's 3 requests, its cold text
+    assert len(after_last_question) >= 4 * 6, len(after_last_question)
+    assert len(heard) >= 2 * 20 + 4 * 6  # every question's answer and teacher text beat as well
