@@ -223,7 +223,7 @@ def test_a_server_that_trickles_bytes_is_cut_off_at_the_questions_deadline(gsm8k
 def test_every_answer_is_a_heartbeat_the_self_checks_after_the_last_question_too(tmp_path, gsm8k):
     """The hang watch measures quiet from the server's last answer to any request. The self-checks
     ask after the last question was graded (on a slow CPU, for minutes): each of their answers
-    beats too, so a server busy with them is never judged hung for want of question answers."""
+    beats too, so a server busy with them is not judged hung for want of question answers."""
     graded, heard = [], []
     settings = replace(FAST_RETRIES, self_checks=4, flush_route="/flush_cache")
 
