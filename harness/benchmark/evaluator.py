@@ -380,8 +380,9 @@ async def evaluate(base_url: str, plan: ProtocolPlan, settings: EvalSettings = E
     `should_stop`, called after each answer with the records so far, ends the evaluation early
     (the sequential gate uses it). Records come back in the plan's question order.
     `on_answer` is called after every request the server answers: a question, its teacher text,
-    each request of the self-checks. It is the hang watch's heartbeat: on a slow server the
-    self-checks alone can run for minutes after the last question was answered.
+    the self-checks' teacher texts, replays and decode checks (not the cache flush: the cold text
+    after it counts). It is the hang watch's heartbeat: on a slow server the self-checks alone can
+    run for minutes after the last question was answered.
     """
     base_url = base_url.rstrip("/")
     asking = _QuestionQueue(plan, settings, on_progress, should_stop)
