@@ -1,6 +1,6 @@
 """Does the gate cry wolf, does it sleep, does a pass mean what it says, and does it decide? Nights
 of the shipped suites (configs/nightly.yaml: 72 cells; configs/pr.yaml: 9 cells; both 2,638
-questions, extended to 5,276, up to 3 launches, undecided_budget 0.6) played through the product's
+questions, extended to 5,276, up to 3 launches, undecided_budget 0.8 and 1.0) played through the product's
 own gating (`Gating`: early stop, the budget, every stage, `pipeline.decide`: extension, relaunches,
 model-wide tests), with answers drawn from a model of real servers instead of Ray and HTTP.
 
@@ -58,6 +58,7 @@ import json
 import math
 import random
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -528,7 +529,10 @@ def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str]
         counts = {key: max(1, trials[name] // FEWER.get(key, 1)) for key in chosen}
         collected = {key: ({}, {}) for key in chosen}
         # Trial by trial, each scenario in turn: the scenarios sharing a warm-up play it once a seed.
-        for number in range(first + shard[0], first + max(counts.values()), shard[1]):
+        numbers = range(first + shard[0], first + max(counts.values()), shard[1])
+        progress = TrialProgress(name, len(numbers))
+        for number in numbers:
+            progress.step()
             for key in chosen:
                 if number - first >= counts[key]:
                     continue
@@ -545,6 +549,25 @@ def scenarios(data, suites: list[str], trials: dict[str, int], chosen: list[str]
             console.print(f"  {key}: " + describe(events, figures, base, launch_sd), soft_wrap=True)
     if save is not None:
         save.write_text(json.dumps(raw))
+
+
+class TrialProgress:
+    """A line on stderr at every tenth of a shard's trials, with the time so far and an estimate of
+    the rest: a nightly shard of 50 trials runs ~30 min and prints its rows only at the end."""
+
+    def __init__(self, suite: str, total: int) -> None:
+        self.suite, self.total, self.done = suite, total, 0
+        self.started = time.monotonic()
+        self.every = max(1, math.ceil(total / 10))
+
+    def step(self) -> None:
+        """Call before each trial: reports the trials finished so far."""
+        if self.done and (self.done % self.every == 0):
+            elapsed = time.monotonic() - self.started
+            left = elapsed / self.done * (self.total - self.done)
+            print(f"{self.suite}: {self.done}/{self.total} trials in {elapsed / 60:.1f} min, "
+                  f"~{left / 60:.0f} min left", file=sys.stderr, flush=True)
+        self.done += 1
 
 
 def describe(events: dict[str, list[bool]], figures: dict[str, list[float]], base: float, launch_sd: float) -> str:

@@ -3,6 +3,7 @@ figures (no timing or figure is asserted: the figures are the benchmark's to rep
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -37,3 +38,17 @@ def test_every_benchmark_runs_in_its_quick_mode(_gsm8k_env, benchmark):
 
 def test_every_benchmark_has_a_quick_mode_here():
     assert sorted(path.name for path in (ROOT / "benchmarks").glob("*.py")) == sorted(QUICK)
+
+
+def test_gate_calibration_reports_its_progress_every_tenth_of_a_shards_trials(capsys, monkeypatch):
+    """A nightly shard runs for an hour and prints its rows only at the end: its stderr says how far it is."""
+    spec = importlib.util.spec_from_file_location("gate_calibration", ROOT / "benchmarks" / "gate_calibration.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    progress = module.TrialProgress("nightly", 25)
+    for _ in range(25):
+        progress.step()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" trials in ")[0] for line in lines] == [f"nightly: {done}/25" for done in range(3, 25, 3)]
+    assert all(line.endswith("min left") for line in lines)
