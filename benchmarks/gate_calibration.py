@@ -810,6 +810,9 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=200)
     if args.merge:
+        missing = [str(path) for path in args.merge if not path.is_file()]
+        if missing:
+            parser.error(f"--merge: no file {missing[0]} (a shard writes its --save file when it ends)")
         merge(args.merge, console)
         return
     parts = args.only.split(",")

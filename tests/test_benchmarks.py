@@ -52,3 +52,13 @@ def test_gate_calibration_reports_its_progress_every_tenth_of_a_shards_trials(ca
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(" trials in ")[0] for line in lines] == [f"nightly: {done}/25" for done in range(3, 25, 3)]
     assert all(line.endswith("min left") for line in lines)
+
+
+def test_gate_calibration_merge_names_a_missing_shard_file_in_one_line(tmp_path):
+    """Merging while a shard still runs (its --save file not yet written) is a usage error, not a traceback."""
+    missing = tmp_path / "shard1.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gate_calibration.py"), "--merge", str(missing)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=machine_s(120))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"--merge: no file {missing}" in done.stderr
+    assert "Traceback" not in done.stderr
