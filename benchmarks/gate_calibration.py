@@ -320,13 +320,16 @@ class Suite:
         questions = asked + ([p.index for p in more.prompts] if more else [])
         return cls(name, RunInputs(loaded, Matrix(expand(spec).cells), data, plan), questions)
 
-    def configured(self, scenario: Scenario) -> RunInputs:
-        """The suite as shipped (floors from its models' accuracies), or with floors exactly at the
-        cells' accuracy for the least favourable scenario."""
+    def configured(self, scenario: Scenario, world: World) -> RunInputs:
+        """The suite as shipped (floors from its models' shipped accuracies), or for the least favourable
+        scenario with each floor exactly at its cells' true accuracy: the world's drawn accuracy minus
+        the tolerance. The drawn accuracy has an sd of about 0.6 (Kimi-Linear) and 0.9 point
+        (DeepSeek-V2-Lite) around the shipped one, so a floor from the shipped accuracy puts some
+        worlds' cells truly under it, and their `fail`s are right, not false."""
         if not scenario.at_tolerance:
             return self.inputs
         spec = self.inputs.loaded.suite
-        models = [model.model_copy(update={"floor": round((model.accuracy or 0.9) - spec.gate.tolerance, 4)})
+        models = [model.model_copy(update={"floor": world.models[model.id].accuracy - spec.gate.tolerance})
                   for model in spec.models]
         spec = spec.model_copy(update={"models": models})
         loaded = self.inputs.loaded.model_copy(update={"suite": spec})
@@ -403,11 +406,11 @@ def trial(suite: Suite, scenario: Scenario, seed: int, launch_sd: float) -> Outc
     scenarios that play the same warm-up (every cell's offset drawn, the dropped cell's exactly 0)
     share it for one seed."""
     first_model = suite.first_model()
-    inputs = suite.configured(scenario)
-    target = dropped_cell(inputs, first_model)
+    target = dropped_cell(suite.inputs, first_model)
     shares_warmup = not (scenario.at_tolerance or scenario.estimate_nights or scenario.drift or scenario.first_night_only)
-    world = World.draw(seed, suite.questions, inputs, scenario, launch_sd,
+    world = World.draw(seed, suite.questions, suite.inputs, scenario, launch_sd,
                        frozenset({target}) if scenario.dropped or shares_warmup else frozenset())
+    inputs = suite.configured(scenario, world)  # the world first: a least favourable floor follows its accuracy
     mine = model_cells(inputs, first_model)
     outcome = Outcome()
     if scenario.estimate_nights:

@@ -40,12 +40,17 @@ def test_every_benchmark_has_a_quick_mode_here():
     assert sorted(path.name for path in (ROOT / "benchmarks").glob("*.py")) == sorted(QUICK)
 
 
-def test_gate_calibration_reports_its_progress_every_tenth_of_a_shards_trials(capsys, monkeypatch):
-    """A nightly shard runs for an hour and prints its rows only at the end: its stderr says how far it is."""
+def _gate_calibration(monkeypatch):
     spec = importlib.util.spec_from_file_location("gate_calibration", ROOT / "benchmarks" / "gate_calibration.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
+    return module
+
+
+def test_gate_calibration_reports_its_progress_every_tenth_of_a_shards_trials(capsys, monkeypatch):
+    """A nightly shard runs for an hour and prints its rows only at the end: its stderr says how far it is."""
+    module = _gate_calibration(monkeypatch)
     progress = module.TrialProgress("nightly", 25)
     for _ in range(25):
         progress.step()
@@ -62,3 +67,22 @@ def test_gate_calibration_merge_names_a_missing_shard_file_in_one_line(tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"--merge: no file {missing}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_gate_calibration_least_favourable_floors_sit_at_the_drawn_worlds_accuracy(_gsm8k_env, monkeypatch):
+    """The least favourable scenario measures false fails at the boundary: each cell exactly `tolerance`
+    under its reference, and its floor exactly at that accuracy. The world's accuracy is drawn around
+    the shipped one (0.6-0.9 point of sd), so a floor from the shipped accuracy put some worlds' cells
+    truly under their floor, and counted their right `fail`s as false ones."""
+    module = _gate_calibration(monkeypatch)
+    suite = module.Suite.load("pr", module.load_gsm8k())
+    scenario = module.SCENARIOS["least favourable"]
+    tolerance = suite.inputs.loaded.suite.gate.tolerance
+    world = module.World.draw(23, suite.questions, suite.inputs, scenario, module.LAUNCH_SD)
+    inputs = suite.configured(scenario, world)
+    floors = {cell.model.id: cell.model.floor for cell in inputs.matrix.cells}
+    assert floors == pytest.approx({model: found.accuracy - tolerance for model, found in world.models.items()},
+                                   abs=1e-12)
+    assert all(cell.model.floor == floors[cell.model.id] for cell in inputs.matrix.cells)
+    healthy = module.SCENARIOS["healthy"]
+    assert suite.configured(healthy, world) is suite.inputs  # every other scenario: the floors as shipped
