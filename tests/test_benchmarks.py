@@ -69,13 +69,13 @@ def test_gate_calibration_merge_names_a_missing_shard_file_in_one_line(tmp_path)
     assert "Traceback" not in done.stderr
 
 
-def test_gate_calibration_least_favourable_floors_sit_at_the_drawn_worlds_accuracy(_gsm8k_env, monkeypatch):
+def test_gate_calibration_least_favourable_floors_sit_at_the_drawn_worlds_accuracy(gsm8k, monkeypatch):
     """The least favourable scenario measures false fails at the boundary: each cell exactly `tolerance`
     under its reference, and its floor exactly at that accuracy. The world's accuracy is drawn around
     the shipped one (0.6-0.9 point of sd), so a floor from the shipped accuracy put some worlds' cells
     truly under their floor, and counted their right `fail`s as false ones."""
     module = _gate_calibration(monkeypatch)
-    suite = module.Suite.load("pr", module.load_gsm8k())
+    suite = module.Suite.load("pr", gsm8k)
     scenario = module.SCENARIOS["least favourable"]
     tolerance = suite.inputs.loaded.suite.gate.tolerance
     world = module.World.draw(23, suite.questions, suite.inputs, scenario, module.LAUNCH_SD)
