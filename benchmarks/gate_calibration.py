@@ -16,7 +16,8 @@ The answer model (an item-response model, per model of the suite):
   redraws 16.8% of them once, for good; each launch redraws 15% of its cell's: two healthy cells of
   a 0.9 model then disagree on about 4.5% of questions, two launches of a cell on about 2.5%;
 - a real offset or bug of d points (a cell's, fixed) makes a share d / accuracy of its right answers
-  wrong (or of its wrong answers right);
+  wrong (or of its wrong answers right), the same questions on every launch, after the launch's
+  redraws (so that every launch is d points off in expectation);
 - every launch also moves by N(0, --launch-sd) (default 0.5 point: the fleet's launch spread), drawn
   afresh per launch; the suites' `launch_sd` (0.5 point) is only the gate's prior until it has
   measured the spread from the references' second launches.
@@ -170,21 +171,27 @@ class World:
         return world
 
     def answers(self, cell: Cell, night: int, launch: int, shift: float) -> np.ndarray:
-        """Launch `launch` of night `night` of `cell`, every question: its configuration's fixed redraws
-        and offset, this launch's redraws and shift (`shift` plus N(0, launch_sd))."""
+        """Launch `launch` of night `night` of `cell`, every question: its configuration's fixed redraws,
+        this launch's redraws, its configuration's fixed offset, this launch's shift (`shift` plus
+        N(0, launch_sd)). The offset comes after the launch's redraws, so that every launch carries
+        all of it: before them, a redrawn answer would undo it, and a cell set `tolerance` under its
+        reference would sit 15% nearer to it."""
         model = self.models[cell.model.id]
         size = len(self.questions)
+        offset = self.offsets[cell.cell_id]
         mine = np.random.default_rng([self.seed, zlib.crc32(cell.cell_id.encode())])
         answers = np.where(mine.random(size) < CELL_REDRAW, mine.random(size) < model.p, model.typical)
-        answers = _shifted(answers, self.offsets[cell.cell_id], mine.random(size), model.accuracy)
+        broken = mine.random(size)  # which answers the offset moves: the same questions every launch
         this = np.random.default_rng([self.seed, zlib.crc32(cell.cell_id.encode()), night + 1, launch])
         answers = np.where(this.random(size) < NIGHT_REDRAW, this.random(size) < model.p, answers)
+        answers = _shifted(answers, offset, broken, model.accuracy)
         moved = shift + (float(this.normal(0, self.launch_sd)) if self.launch_sd else 0.0)
-        return _shifted(answers, moved, this.random(size), model.accuracy)
+        return _shifted(answers, moved, this.random(size), model.accuracy + offset)
 
 
 def _shifted(answers: np.ndarray, shift: float, draws: np.ndarray, accuracy: float) -> np.ndarray:
-    """Answers moved by `shift` in expectation: a share of the right ones made wrong, or of the wrong ones right."""
+    """Answers moved by `shift` in expectation: a share of the right ones made wrong, or of the wrong ones
+    right (`accuracy`: the share of `answers` right in expectation)."""
     if shift < 0:
         return answers & ~(draws < -shift / accuracy)
     if shift > 0:
