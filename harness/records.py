@@ -241,6 +241,9 @@ class Verdict(Record):
     # The evidence of a drop accumulated over the cell's nights since it last passed (harness.gate.evidence):
     # test ("reference", "history") -> [nights, log e-value]
     evidence: dict[str, tuple[int, float]] = {}
+    # Those nights' drops, oldest first, each [drop - margin, its variance, the most another night may
+    # share]: the next night's likelihood ratio reads them all (harness.gate.evidence.NightDrop)
+    evidence_nights: dict[str, list[tuple[float, float, float]]] = {}
 
 
 class CellResult(Verdict):

@@ -1,7 +1,8 @@
 """Evidence that accumulates across nights (pure): an e-process per cell and test.
 
 One night's launch cannot tell a 3-point drop from launch spread at the alpha a run gives one test;
-three nights of it can, if their evidence is combined without spending alpha again each night. A
+several nights of it can (as far as their noise is their own, not their questions': below), if
+their evidence is combined without spending alpha again each night. A
 likelihood ratio is an e-value (its expectation is at most 1 when the null holds), and a product of
 e-values, each taken given the nights before, is too (a test supermartingale): by Markov's
 inequality, "the product reaches 1/alpha" happens with chance at most alpha on any one night,
@@ -27,30 +28,76 @@ benchmarks/gate_calibration.py measure what the approximation costs. A cell's pr
 consecutive nights since it last passed (a pass starts it again at 1) and is kept in cells.jsonl
 (`evidence`), each night's factor at the cell's last stage that night (the one tested then).
 
-The restart is chosen by the nights themselves, so the product since the last pass is no fixed
-product; it is one of the products over tonight's trailing nights, and where the nights' factors
-are independent (each night launches the cell and its reference anew) the largest of those reaches
-1/alpha with chance at most alpha (Ville's inequality, read backwards in time). The history test's
-nights share their baseline runs, so for it this holds only approximately: the least-favourable
-rows of benchmarks/gate_calibration.py measure what it costs. Each stage at which the product is
-tested spends its own share of the night's alpha, like any other test.
+The nights are not independent: every night asks the same questions. A cell's configuration
+answers some of them otherwise than its reference's on every launch (its numerics), and the drop
+the gate tests is the one over the questions such a suite could have asked (the paired tests' own
+variance counts the questions' part), so that part of a night's drop comes back every night, and a
+product of the nights' e-values counts it once a night: two DeepSeek-V2-Lite cells of the PR suite
+set exactly `tolerance` under their reference went red on their accumulated evidence
+(benchmarks/gate_calibration.py, session 33). So the product since the last pass is the likelihood
+ratio of all those nights' drops together (`joint_log_e`), Gaussian with each night's variance on
+the diagonal and, between two nights, the most they can share: the smaller of their questions'
+parts of the variance (a drop's per-question part is at most its questions' whole variance, and
+two nights share at most the questions of the smaller), plus, for the history test, whose nights
+may pair with the same baseline runs, the smaller of the baseline's launch parts. A night whose
+questions' part is all shared adds only its launches' evidence; one night alone is the e-value
+above.
+
+The restart is chosen by the nights themselves, so the likelihood ratio since the last pass is one
+of the ratios over tonight's trailing nights; where the ratio is a martingale under the null (the
+covariance above bounds the true one), the largest of those reaches 1/alpha with chance about alpha
+at most (Ville's inequality, read backwards in time, holds exactly for independent nights; the
+least-favourable rows of benchmarks/gate_calibration.py measure what the rest costs). Each stage at
+which the ratio is tested spends its own share of the night's alpha, like any other test.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
 
 from harness.gate.stats import Paired
 
 LABELS = {"reference": "reference", "history": "its last runs"}  # the tests that accumulate
 
 
-def night_log_e(paired: Paired, min_effect: float) -> float:
-    """The log e-value of one night's paired drop against its margin (module docstring)."""
-    delta = min_effect - paired.margin
-    if delta <= 0:
+class NightDrop(NamedTuple):
+    """One night's paired drop as an accumulating test keeps it (cells.jsonl `evidence_nights`)."""
+
+    excess: float  # the drop minus the test's margin
+    variance: float  # the drop's whole variance: its questions' and its launches'
+    shared: float  # the most of it another night may share (module docstring)
+
+
+def night_drop(paired: Paired, shared_launches: bool = False) -> NightDrop:
+    """Tonight's drop; `shared_launches`: the other side's runs may be the same on another night (the
+    history test's baseline), so their launch part may be shared too."""
+    shared = paired.variance - paired.launch_variance
+    if shared_launches:
+        shared += paired.launch_sd**2 / max(paired.launches[1], 1)
+    return NightDrop(paired.drop - paired.margin, paired.variance, min(shared, paired.variance))
+
+
+def joint_log_e(nights: Sequence[NightDrop], delta: float) -> float:
+    """The log likelihood ratio of the nights' drops at "drop = margin + delta" against "drop =
+    margin", Gaussian with each night's variance on the diagonal and min(shared) between two nights
+    (module docstring). The nights are weighed by the inverse covariance's row sums; a night that
+    would get a negative weight gets none (weights fixed by the variances alone keep it an e-value)."""
+    if delta <= 0 or not nights:
         return 0.0
-    return (delta * (paired.drop - paired.margin) - delta * delta / 2) / max(paired.variance, 1e-12)
+    excess = np.array([night.excess for night in nights])
+    variance = np.maximum([night.variance for night in nights], 1e-12)
+    shared = np.minimum([night.shared for night in nights], variance)
+    covariance = np.minimum.outer(shared, shared)
+    np.fill_diagonal(covariance, variance)
+    weights = np.clip(np.linalg.lstsq(covariance, np.ones(len(nights)), rcond=None)[0], 0.0, None)
+    if not weights.any():
+        return 0.0
+    mean_shift, spread = delta * weights.sum(), float(weights @ covariance @ weights)
+    return float((mean_shift * (weights @ excess) - mean_shift * mean_shift / 2) / spread)
 
 
 def leans_to_a_drop(evidence: dict[str, tuple[int, float]], tests: tuple[str, ...] | None = None) -> bool:

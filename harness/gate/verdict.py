@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from harness.errors import ErrorKind
 from harness.gate.divergence import Divergence, divergence_test
 from harness.gate.evidence import LABELS as EVIDENCE_LABELS
+from harness.gate.evidence import NightDrop, joint_log_e, night_drop, rejects
 from harness.gate.evidence import describe as describe_evidence
-from harness.gate.evidence import night_log_e, rejects
 from harness.gate.launches import Answers, drop_with_variance
 from harness.gate.self_checks import self_checks
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
@@ -217,7 +217,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           reference: CellOutcome | None = None, history: Side = None,
           pinned: CellOutcome | None = None, reference_problem: str | None = None,
           divergence_tolerance: float | None = None, launch_sd: float = 0.0,
-          carried: dict[str, tuple[int, float]] | None = None, deterministic: bool = False,
+          carried: dict[str, Sequence[NightDrop]] | None = None, deterministic: bool = False,
           evidence_history: Side = None) -> Verdict:
     """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
     and teacher-forced divergence within the tolerance on all but a healthy share of questions);
@@ -250,10 +250,12 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     # would diverge: the test is not made, and the cell is held open below like any other.
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and test_answers.n > 0
-    evidence = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history},
-                         launch_sd, carried or {})
+    evidence_nights = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history},
+                                launch_sd, carried or {})
+    evidence = {key: (len(nights), joint_log_e(nights, gate.min_effect - _margin(key, gate)))
+                for key, nights in evidence_nights.items()}
     # An accumulated test is made from a cell's second night on (on its first it would repeat the
-    # night's own paired test); its product is kept either way (harness.gate.evidence).
+    # night's own paired test); its nights are kept either way (harness.gate.evidence).
     accumulated = {key: (nights, log_e) for key, (nights, log_e) in evidence.items() if nights > 1}
     tests = floor_tested + len(found) + (diverged is not None) + len(accumulated)
     alpha = stage.alpha / max(tests, 1)
@@ -305,6 +307,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                    floor_correct=round(test_answers.total),
                    launches=max(count, 1), launch_sd=launch_sd if found and launch_sd > 0 else None,
                    decide=decide, evidence=evidence,
+                   evidence_nights={key: [tuple(night) for night in nights] for key, nights in evidence_nights.items()},
                    failed=[*(["early stop"] if outcome.stopped_early else []),
                            *(part.test for part in parts if part.status is Status.FAIL)], self_check_p={check.name: check.p for check in checks},
                    self_check_high={check.name: check.high for check in checks if check.high is not None},
@@ -315,23 +318,25 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
                    **_divergence_fields(diverged))
 
 
+def _margin(key: str, gate: GateSpec) -> float:
+    return gate.tolerance if key == "reference" else gate.own_margin
+
+
 def _evidence(outcome: CellOutcome, gate: GateSpec, others: dict[str, Side], launch_sd: float,
-              carried: dict[str, tuple[int, float]]) -> dict[str, tuple[int, float]]:
-    """Each accumulating test's (nights, log e): the product carried from earlier nights times
-    tonight's e-value over every launch the cell and its reference have at this stage (the
+              carried: dict[str, Sequence[NightDrop]]) -> dict[str, list[NightDrop]]:
+    """Each accumulating test's nights since the cell last passed: those carried from earlier nights,
+    then tonight's drop over every launch the cell and its reference have at this stage (the
     likelihood ratio stopped where the night stopped launching it: harness.gate.evidence)."""
     found = {}
     for key, other in others.items():
         every = [run.questions for run in _runs(other)]
         if not every:
             continue
-        margin = gate.tolerance if key == "reference" else gate.own_margin
         paired = paired_comparison(Answers.of(outcome.questions, gate.extraction),
-                                   Answers.pooled(every, gate.extraction), margin, launch_sd=launch_sd)
+                                   Answers.pooled(every, gate.extraction), _margin(key, gate), launch_sd=launch_sd)
         if paired is None:
             continue
-        nights, log_e = carried.get(key, (0, 0.0))
-        found[key] = (nights + 1, log_e + night_log_e(paired, gate.min_effect))
+        found[key] = [*carried.get(key, ()), night_drop(paired, shared_launches=key == "history")]
     return found
 
 

@@ -159,7 +159,7 @@ class Gating:
         self._prior[cell.model.id] = cell.model.launch_sd
         verdict = judge(outcome, cell.model.floor, self.gate, judgement, reference, found.outcomes if found else None,
                         pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
-                        self.launch_sd(cell.model.id, cell.model.launch_sd), self.history.carried_evidence(cell.cell_id),
+                        self.launch_sd(cell.model.id, cell.model.launch_sd), self.history.carried_nights(cell.cell_id),
                         deterministic=cell.expected.get("enable_deterministic_inference") is True,
                         evidence_history=since_pass.outcomes if since_pass else None)
         if note:

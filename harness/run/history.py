@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.gate.evidence import leans_to_a_drop
+from harness.gate.evidence import NightDrop, leans_to_a_drop
 from harness.gate.launches import Answers, centred_sample, drop_with_variance
 from harness.gate.stats import paired_comparison
 from harness.gate.verdict import first_launch
@@ -166,6 +166,16 @@ class History:
             result = self._results(run).get(cell_id)
             if result is not None:
                 return {} if result.status is Status.PASS else dict(result.evidence)
+        return {}
+
+    def carried_nights(self, cell_id: str) -> dict[str, list[NightDrop]]:
+        """The nights behind `carried_evidence`, oldest first, for tonight's likelihood ratio to read.
+        A run written before they were kept has none: the cell's evidence starts again there."""
+        for run in self.runs:
+            result = self._results(run).get(cell_id)
+            if result is not None:
+                return {} if result.status is Status.PASS else {
+                    key: [NightDrop(*night) for night in nights] for key, nights in result.evidence_nights.items()}
         return {}
 
     def models(self) -> set[str]:

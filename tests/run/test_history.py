@@ -18,16 +18,19 @@ class MemoryArchive:
     """A RunArchive over dicts: runs oldest first, their cells, one answer per cell."""
 
     def __init__(self, runs: list[tuple[RunInfo, dict[str, Status]]],
-                 evidence: dict[tuple[str, str], dict[str, tuple[int, float]]] | None = None) -> None:
+                 evidence: dict[tuple[str, str], dict[str, tuple[int, float]]] | None = None,
+                 nights: dict[tuple[str, str], dict[str, list[tuple[float, float, float]]]] | None = None) -> None:
         self.infos = [i for i, _ in runs]
         self.statuses = {i.run_id: cells for i, cells in runs}
         self.evidence = evidence or {}  # (run, cell) -> its evidence across nights as cells.jsonl keeps it
+        self.nights = nights or {}  # (run, cell) -> the nights behind it (`evidence_nights`)
 
     def runs(self, suite: str) -> list[RunInfo]:
         return self.infos
 
     def cells(self, run_id: str) -> list[CellResult]:
-        return [result(cell, status, reason="", evidence=self.evidence.get((run_id, cell), {}))
+        return [result(cell, status, reason="", evidence=self.evidence.get((run_id, cell), {}),
+                       evidence_nights=self.nights.get((run_id, cell), {}))
                 for cell, status in self.statuses[run_id].items()]
 
     def questions(self, run_id: str, cell_id: str) -> list[QuestionRecord]:
