@@ -23,19 +23,22 @@ against m), and a likelihood ratio, launch after launch, is a martingale under t
 (a supermartingale below it), so where the night stopped it is still an e-value (optional
 stopping; the launches stop by the third). The paired drop of the gate is close to, not exactly,
 that statistic (a question counts by the share of its launches that got it right, the extension's
-launch asks other questions), and V uses the measured launch spread: the least-favourable rows of
-benchmarks/gate_calibration.py measure what the approximation costs. A cell's product runs over its
-consecutive nights since it last passed (a pass starts it again at 1) and is kept in cells.jsonl
-(`evidence`), each night's factor at the cell's last stage that night (the one tested then).
+launch asks other questions), and V uses the measured launch spread, which the gate takes as
+known: the least-favourable rows of benchmarks/gate_calibration.py measure what the approximation
+costs (session 33: of the PR nights left red there, each rests on a DeepSeek-V2-Lite spread the
+gate had measured at 0.0-0.4 point for a true 0.5). A cell's evidence runs over its consecutive
+nights since it last passed (a pass starts it again) and is kept in cells.jsonl (`evidence`, and
+the nights behind it in `evidence_nights`), each night's drop at the cell's last stage that night
+(the one tested then).
 
 The nights are not independent: every night asks the same questions. A cell's configuration
 answers some of them otherwise than its reference's on every launch (its numerics), and the drop
 the gate tests is the one over the questions such a suite could have asked (the paired tests' own
 variance counts the questions' part), so that part of a night's drop comes back every night, and a
-product of the nights' e-values counts it once a night: two DeepSeek-V2-Lite cells of the PR suite
-set exactly `tolerance` under their reference went red on their accumulated evidence
-(benchmarks/gate_calibration.py, session 33). So the product since the last pass is the likelihood
-ratio of all those nights' drops together (`joint_log_e`), Gaussian with each night's variance on
+product of the nights' e-values counts it once a night: PR nights whose cells sat exactly
+`tolerance` under their reference went red on it on 4 of 300 (benchmarks/gate_calibration.py,
+session 33). So the evidence since the last pass is the likelihood ratio of all those nights'
+drops together (`joint_log_e`), Gaussian with each night's variance on
 the diagonal and, between two nights, the most they can share: the smaller of their questions'
 parts of the variance (a drop's per-question part is at most its questions' whole variance, and
 two nights share at most the questions of the smaller), plus, for the history test, whose nights
