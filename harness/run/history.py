@@ -161,22 +161,24 @@ class History:
 
     def carried_evidence(self, cell_id: str) -> dict[str, tuple[int, float]]:
         """The cell's accumulated evidence (harness.gate.evidence) from the newest earlier run it was
-        judged in, unless it passed there (a pass starts the product again)."""
-        for run in self.runs:
-            result = self._results(run).get(cell_id)
-            if result is not None:
-                return {} if result.status is Status.PASS else dict(result.evidence)
-        return {}
+        judged in, unless it passed there (a pass starts it again)."""
+        result = self._carrying(cell_id)
+        return dict(result.evidence) if result is not None else {}
 
     def carried_nights(self, cell_id: str) -> dict[str, list[NightDrop]]:
         """The nights behind `carried_evidence`, oldest first, for tonight's likelihood ratio to read.
         A run written before they were kept has none: the cell's evidence starts again there."""
+        result = self._carrying(cell_id)
+        return {} if result is None else {
+            key: [NightDrop(*night) for night in nights] for key, nights in result.evidence_nights.items()}
+
+    def _carrying(self, cell_id: str) -> CellResult | None:
+        """The cell's verdict in the newest earlier run that judged it, unless it passed there."""
         for run in self.runs:
             result = self._results(run).get(cell_id)
             if result is not None:
-                return {} if result.status is Status.PASS else {
-                    key: [NightDrop(*night) for night in nights] for key, nights in result.evidence_nights.items()}
-        return {}
+                return None if result.status is Status.PASS else result
+        return None
 
     def models(self) -> set[str]:
         """The models whose cells the searched runs judged."""
