@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.gate.launches import PRIOR_DF, Answers, SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
+from harness.gate.launches import (
+    PRIOR_DF,
+    Answers,
+    SpreadEstimate,
+    launch_sample,
+    pooled_spread,
+    spread_for_gate,
+)
 from harness.gate.stats import paired_comparison
 from tests.records import answers
 
