@@ -23,10 +23,11 @@ against m), and a likelihood ratio, launch after launch, is a martingale under t
 (a supermartingale below it), so where the night stopped it is still an e-value (optional
 stopping; the launches stop by the third). The paired drop of the gate is close to, not exactly,
 that statistic (a question counts by the share of its launches that got it right, the extension's
-launch asks other questions), and V uses the measured launch spread, which the gate takes as
-known: the least-favourable rows of benchmarks/gate_calibration.py measure what the approximation
-costs (session 33: of the PR nights left red there, each rests on a DeepSeek-V2-Lite spread the
-gate had measured at 0.0-0.4 point for a true 0.5). A cell's evidence runs over its consecutive
+launch asks other questions), and V uses the launch spread the gate holds (measured, with the
+suite's prior weighed in: harness.gate.launches.spread_for_gate) as known: the least-favourable rows
+of benchmarks/gate_calibration.py measure what the approximation costs (session 33, the measurement
+alone: 3 of 300 PR nights red with history, each on a DeepSeek-V2-Lite spread read at 0.0-0.4 point
+for a true 0.5; session 34, with the prior: 0 of 300). A cell's evidence runs over its consecutive
 nights since it last passed (a pass starts it again) and is kept in cells.jsonl (`evidence`, and
 the nights behind it in `evidence_nights`), each night's drop at the cell's last stage that night
 (the one tested then).
