@@ -232,9 +232,10 @@ def spread_for_gate(prior: float, estimate: SpreadEstimate | None) -> float:
     A moment estimate on a few degrees of freedom often reads far under the truth (DeepSeek-V2-Lite's
     3 PR cells: 0.0-0.4 point for a true 0.5 on the nights that went red on it, session 33), and a
     paired test that takes it as known then fails a healthy cell more often than its alpha. Weighing
-    the prior in (the variances' mean, as a scaled inverse chi-square prior on PRIOR_DF degrees of
-    freedom would) keeps a low reading from taking the launch term away, and lets the measurement
-    carry the gate as its degrees of freedom grow (at 3 x PRIOR_DF, three quarters of the weight).
+    the prior in (the variances weighed by their degrees of freedom: the scale of the posterior a
+    scaled inverse chi-square prior on PRIOR_DF degrees of freedom gives) keeps a low reading from
+    taking the launch term away, and lets the measurement carry the gate as its degrees of freedom
+    grow (at 3 x PRIOR_DF, three quarters of the weight).
     Only ever raised by the prior: a spread measured above it is used as measured, as a prior too low
     for the fleet must not hide launches that move more than it says."""
     if estimate is None:

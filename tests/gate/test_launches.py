@@ -114,5 +114,3 @@ def test_a_few_degrees_of_freedom_reading_low_no_longer_takes_the_launch_term_aw
         gate.append(spread_for_gate(0.005, estimate))
     assert sum(sd < 0.0035 for sd in raw) >= 1  # the premise: the measurement alone reads low
     assert min(gate) >= 0.0035 and abs(np.mean(gate) - 0.005) < 0.001
-
-
