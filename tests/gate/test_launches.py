@@ -98,14 +98,14 @@ def test_the_gate_weighs_the_suites_prior_in_as_prior_df_degrees_of_freedom_and_
 
     assert spread_for_gate(0.004, None) == 0.004
     assert spread_for_gate(0.005, measured(0.0, PRIOR_DF)) == pytest.approx(0.005 / 2**0.5)  # half the weight
-    assert spread_for_gate(0.005, measured(0.0, 3 * PRIOR_DF)) == pytest.approx(0.0025)  # a quarter
+    assert spread_for_gate(0.005, measured(0.0, 3 * PRIOR_DF)) == pytest.approx(0.0025)  # the prior a quarter of the weight
     assert spread_for_gate(0.005, measured(0.009, 2)) == 0.009  # measured above the prior: as measured
     assert spread_for_gate(0.005, measured(0.004, 1000)) == pytest.approx(0.004, rel=0.01)  # the measurement carries it
 
 
 def test_a_few_degrees_of_freedom_reading_low_no_longer_takes_the_launch_term_away():
     """9 degrees of freedom (DeepSeek-V2-Lite's 3 PR cells after three or four nights): the moment estimate of a
-    true half point reads under 0.35 point on some seeds (18% of 60 when this was written); with the
+    true half point reads under 0.35 point on some seeds (11 of seeds 0-59 when this was written); with the
     prior weighed in, the gate's spread does not, and it stays within 20% of the truth on average."""
     raw, gate = [], []
     for seed in range(24):
