@@ -41,11 +41,17 @@ product of the nights' e-values counts it once a night: PR nights whose cells sa
 session 33). So the evidence since the last pass is the likelihood ratio of all those nights'
 drops together (`joint_log_e`), Gaussian with each night's variance on
 the diagonal and, between two nights, the most they can share: the smaller of their questions'
-parts of the variance (a drop's per-question part is at most its questions' whole variance, and
-two nights share at most the questions of the smaller), plus, for the history test, whose nights
-may pair with the same baseline runs, the smaller of the baseline's launch parts. A night whose
+parts of the variance less what tonight's launches churn (a launch answers some questions otherwise
+than its configuration does on average, afresh each launch: the model's answer churn, bounded below
+from its references' second launches, harness.gate.launches.churn_floor; the cell's launches and,
+for the reference test, the reference's, launched again every night; not the history's baseline,
+the same runs on every night since the cell's pass), plus, for the history test, whose nights pair
+with the same baseline runs, the smaller of the baseline's launch parts. Where no launch has
+measured the churn, none is taken out: the questions' whole part may be shared. A night whose
 questions' part is all shared adds only its launches' evidence; one night alone is the e-value
-above.
+above. In the answer model of benchmarks/gate_calibration.py (a 0.72 model, one launch of the cell
+against two of its reference) the nights' drops share 0.57 of a night's variance; the bound with
+churn taken out is 0.62 of it, without 0.95 (tests/gate/test_evidence.py, 600 simulated cells).
 
 The restart is chosen by the nights themselves, so the likelihood ratio since the last pass is one
 of the ratios over tonight's trailing nights; where the ratio is a martingale under the null (the
@@ -76,10 +82,12 @@ class NightDrop(NamedTuple):
     shared: float  # the most of it another night may share (module docstring)
 
 
-def night_drop(paired: Paired, shared_launches: bool = False) -> NightDrop:
+def night_drop(paired: Paired, shared_launches: bool = False, fresh: float = 0.0) -> NightDrop:
     """Tonight's drop; `shared_launches`: the other side's runs may be the same on another night (the
-    history test's baseline), so their launch part may be shared too."""
-    shared = paired.variance - paired.launch_variance
+    history test's baseline), so their launch part may be shared too; `fresh`: the part of its
+    questions' variance that tonight's launches' own answer churn makes (at the churn's lower bound:
+    harness.gate.launches.churn_variance), which no other night shares."""
+    shared = max(paired.variance - paired.launch_variance - fresh, 0.0)
     if shared_launches:
         shared += paired.launch_sd**2 / max(paired.launches[1], 1)
     return NightDrop(paired.drop - paired.margin, paired.variance, min(shared, paired.variance))

@@ -225,6 +225,42 @@ def pooled_spread(samples: list[LaunchSample], confidence: float = 0.9) -> Sprea
     return SpreadEstimate(sd=sd(between), low=sd(low_total), high=sd(high_total), df=df, confidence=confidence)
 
 
+def churn_floor(samples: list[LaunchSample], confidence: float = 0.95) -> float:
+    """A model's answer churn, at its one-sided lower confidence bound: per question, the variance of
+    one launch's answer around what its configuration answers on average, the mean over questions
+    (two launches of a configuration disagree on about twice that share of questions). From launches
+    made whatever their answers (`launch_sample`: a reference's second launch): each sample's
+    per-question variances sum to within n^2 / df, and pooled over the samples' questions they give
+    the estimate. Bounded as a count of disagreements (twice that sum: a pair's disagreements
+    exactly), Poisson. 0 without a sample: nothing is then taken for churn (harness.gate.evidence)."""
+    from scipy.stats import chi2
+
+    total = sum(sample.within * sample.n**2 / sample.df for sample in samples if sample.df > 0)
+    questions = sum(sample.n for sample in samples if sample.df > 0)
+    if questions == 0 or total <= 0:
+        return 0.0
+    disagreements = 2 * total
+    low = float(chi2.ppf(1 - confidence, 2 * disagreements)) / 2
+    return low / 2 / questions
+
+
+def churn_variance(mine: Answers, other: Answers, churn: float, other_fresh: bool) -> float:
+    """What answer churn (`churn_floor`) adds to the variance of the paired drop of `mine` against
+    `other` on the questions both answered, from `mine`'s launches and (`other_fresh`) the other
+    side's: per question churn / (the launches that answered it), summed, over n^2. A night's own
+    launches make this part; no other night shares it (harness.gate.evidence)."""
+    if churn <= 0:
+        return 0.0
+    _, in_mine, in_other = np.intersect1d(mine.questions, other.questions, assume_unique=True, return_indices=True)
+    n = len(in_mine)
+    if n == 0:
+        return 0.0
+    part = np.sum(1.0 / np.bincount(mine.answer_question, minlength=mine.n)[in_mine])
+    if other_fresh:
+        part += np.sum(1.0 / np.bincount(other.answer_question, minlength=other.n)[in_other])
+    return float(churn * part / n**2)
+
+
 def spread_for_gate(prior: float, estimate: SpreadEstimate | None) -> float:
     """The launch spread the paired tests add: the measurement, with the suite's prior (`launch_sd`)
     counted as PRIOR_DF degrees of freedom of it, and never under the measurement.

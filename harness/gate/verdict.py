@@ -26,7 +26,7 @@ from harness.gate.divergence import Divergence, divergence_test
 from harness.gate.evidence import LABELS as EVIDENCE_LABELS
 from harness.gate.evidence import NightDrop, joint_log_e, night_drop, rejects
 from harness.gate.evidence import describe as describe_evidence
-from harness.gate.launches import Answers, drop_with_variance
+from harness.gate.launches import Answers, churn_variance, drop_with_variance
 from harness.gate.self_checks import self_checks
 from harness.gate.stats import Paired, below_floor_p, paired_comparison, wilson_interval
 from harness.records import CellOutcome, QuestionRecord, Status, Verdict
@@ -218,7 +218,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
           pinned: CellOutcome | None = None, reference_problem: str | None = None,
           divergence_tolerance: float | None = None, launch_sd: float = 0.0,
           carried: dict[str, Sequence[NightDrop]] | None = None, deterministic: bool = False,
-          evidence_history: Side = None) -> Verdict:
+          evidence_history: Side = None, churn: float = 0.0) -> Verdict:
     """`reference`: the reference cell of this run (null hypotheses: accuracy drop <= gate.tolerance,
     and teacher-forced divergence within the tolerance on all but a healthy share of questions);
     `history`: the same cell in its last runs of the suite where it passed (one outcome, or several
@@ -234,6 +234,8 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     since it last passed (harness.gate.evidence), continued with tonight's launches against
     `evidence_history` (the cell's runs from its last pass on; default: `history`).
     `deterministic`: the cell asked for deterministic inference (its self-checks are zero-tolerance).
+    `churn`: the model's answer churn at its lower bound (harness.gate.launches.churn_floor): the
+    part of tonight's drop no other night shares, for the evidence across nights.
 
     Example: `judge(outcome, 0.85, GateSpec(), Stage(alpha=1e-4), reference=ref)`."""
     early = unmeasured(outcome, gate)
@@ -251,7 +253,7 @@ def judge(outcome: CellOutcome, floor: float, gate: GateSpec, stage: Stage,
     diverged = None if reference_problem else _divergence(outcome, reference, gate, divergence_tolerance)
     floor_tested = stage.floor_tested and floor > 0 and test_answers.n > 0
     evidence_nights = _evidence(outcome, gate, {"reference": reference, "history": evidence_history or history},
-                                launch_sd, carried or {})
+                                launch_sd, carried or {}, churn)
     evidence = {key: (len(nights), joint_log_e(nights, gate.min_effect - _margin(key, gate)))
                 for key, nights in evidence_nights.items()}
     # An accumulated test is made from a cell's second night on (on its first it would repeat the
@@ -323,20 +325,24 @@ def _margin(key: str, gate: GateSpec) -> float:
 
 
 def _evidence(outcome: CellOutcome, gate: GateSpec, others: dict[str, Side], launch_sd: float,
-              carried: dict[str, Sequence[NightDrop]]) -> dict[str, list[NightDrop]]:
+              carried: dict[str, Sequence[NightDrop]], churn: float = 0.0) -> dict[str, list[NightDrop]]:
     """Each accumulating test's nights since the cell last passed: those carried from earlier nights,
     then tonight's drop over every launch the cell and its reference have at this stage (the
-    likelihood ratio stopped where the night stopped launching it: harness.gate.evidence)."""
+    likelihood ratio stopped where the night stopped launching it: harness.gate.evidence). What
+    tonight's launches churn is tonight's alone: the cell's, and the reference's (launched again
+    every night), not the history's baseline (the same runs on the nights since the cell's pass)."""
     found = {}
+    mine = Answers.of(outcome.questions, gate.extraction)
     for key, other in others.items():
         every = [run.questions for run in _runs(other)]
         if not every:
             continue
-        paired = paired_comparison(Answers.of(outcome.questions, gate.extraction),
-                                   Answers.pooled(every, gate.extraction), _margin(key, gate), launch_sd=launch_sd)
+        theirs = Answers.pooled(every, gate.extraction)
+        paired = paired_comparison(mine, theirs, _margin(key, gate), launch_sd=launch_sd)
         if paired is None:
             continue
-        found[key] = [*carried.get(key, ()), night_drop(paired, shared_launches=key == "history")]
+        fresh = churn_variance(mine, theirs, churn, other_fresh=key == "reference")
+        found[key] = [*carried.get(key, ()), night_drop(paired, shared_launches=key == "history", fresh=fresh)]
     return found
 
 

@@ -14,7 +14,7 @@ from harness.benchmark.scoring import score
 from harness.engine.verify import resolved_subset
 from harness.gate.budget import Budget
 from harness.gate.evidence import leans_to_a_drop
-from harness.gate.launches import SpreadEstimate, launch_sample, pooled_spread, spread_for_gate
+from harness.gate.launches import SpreadEstimate, churn_floor, launch_sample, pooled_spread, spread_for_gate
 from harness.gate.verdict import (
     Stage,
     judge,
@@ -161,7 +161,8 @@ class Gating:
                         pinned[1] if pinned else None, problem, cell.model.divergence_tolerance,
                         self.launch_sd(cell.model.id, cell.model.launch_sd), self.history.carried_nights(cell.cell_id),
                         deterministic=cell.expected.get("enable_deterministic_inference") is True,
-                        evidence_history=since_pass.outcomes if since_pass else None)
+                        evidence_history=since_pass.outcomes if since_pass else None,
+                        churn=self.churn(cell.model.id))
         if note:
             verdict = verdict.model_copy(update={"reason": note.format(n=verdict.n) + verdict.reason})
         if outcome.unverified:
@@ -260,6 +261,17 @@ class Gating:
             self._samples[key] = launch_sample([r for r in outcome.questions if r.launch in launches],
                                                self.gate.extraction)
         return self._samples[key]
+
+    def churn(self, model: str) -> float:
+        """`model`'s answer churn at its lower bound (harness.gate.launches.churn_floor), from the
+        launch samples of its cells in this run so far and in the history's runs."""
+        samples = self.history.recorded_samples(model)
+        for cell_id, outcome in self._answers.items():
+            result = self._results.get(cell_id)
+            sample = self._sample(cell_id, outcome) if result is not None and result.model == model else None
+            if sample is not None:
+                samples.append(sample)
+        return churn_floor(samples)
 
     def launch_sd(self, model: str, prior: float) -> float:
         """What the paired tests of `model`'s cells add for launch spread (harness.gate.launches)."""

@@ -189,9 +189,13 @@ class History:
         the samples they recorded (second launches, relaunches' unselected launches), and night to
         night, each pair of consecutive runs among the newest `SPREAD_RUNS` as one `centred_sample`
         of the model's cells judged on answers in both."""
-        recorded = [result.launch_sample for run in self.runs for result in self._results(run).values()
-                    if result.model == model and result.launch_sample is not None]
-        return recorded + self._night_to_night(model, extraction)
+        return self.recorded_samples(model) + self._night_to_night(model, extraction)
+
+    def recorded_samples(self, model: str) -> list[LaunchSample]:
+        """The launch samples the searched runs recorded on `model`'s cells: launches of one
+        configuration in one run, made whatever their answers (harness.gate.launches.launch_sample)."""
+        return [result.launch_sample for run in self.runs for result in self._results(run).values()
+                if result.model == model and result.launch_sample is not None]
 
     def _night_to_night(self, model: str, extraction: str) -> list[LaunchSample]:
         key = (model, extraction)

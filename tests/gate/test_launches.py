@@ -10,6 +10,8 @@ from harness.gate.launches import (
     PRIOR_DF,
     Answers,
     SpreadEstimate,
+    churn_floor,
+    churn_variance,
     launch_sample,
     pooled_spread,
     spread_for_gate,
@@ -114,3 +116,21 @@ def test_a_few_degrees_of_freedom_reading_low_no_longer_takes_the_launch_term_aw
         gate.append(spread_for_gate(0.005, estimate))
     assert sum(sd < 0.0035 for sd in raw) >= 1  # the premise: the measurement alone reads low
     assert min(gate) >= 0.0035 and abs(np.mean(gate) - 0.005) < 0.001
+
+
+def test_answer_churn_is_bounded_below_from_a_pairs_disagreements_and_counts_each_sides_launches():
+    """Two launches of a configuration that disagree on 100 of 2,000 questions: churn 100 / (2 x
+    2,000) = 0.025 as measured, its 95% lower bound 0.0210 (Poisson: 84.14 disagreements). A side's
+    churn adds churn / (its launches on a question) a question over n^2."""
+    first = [True] * 2000
+    second = [False] * 100 + [True] * 1900
+    sample = launch_sample(launched(first, 0) + launched(second, 1), "flexible")
+    assert sample.within * sample.n**2 / sample.df == pytest.approx(50)  # per question, a pair's disagreement / 2
+    assert churn_floor([sample]) == pytest.approx(84.14 / 2 / 2000, rel=1e-3)
+    assert churn_floor([sample, sample]) > churn_floor([sample])  # more pairs: a tighter bound, nearer 0.025
+    assert churn_floor([]) == 0.0
+    one = Answers.of(launched([True] * 10, 0), "flexible")
+    two = Answers.of(launched([True] * 10, 0) + launched([True] * 5, 1), "flexible")  # 5 questions twice
+    assert churn_variance(one, two, 0.02, other_fresh=False) == pytest.approx(0.02 * 10 / 100)
+    assert churn_variance(one, two, 0.02, other_fresh=True) == pytest.approx(0.02 * (10 + 5 + 5 / 2) / 100)
+    assert churn_variance(one, two, 0.0, other_fresh=True) == 0.0
