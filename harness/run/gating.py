@@ -242,14 +242,19 @@ class Gating:
         pooled = self.gate.pool_launch_spread
         models = sorted(self.history.models() | {model}) if pooled else [model]
         samples = [sample for name in models for sample in self.history.launch_samples(name, self.gate.extraction)]
+        return pooled_spread(samples + self._run_samples(None if pooled else model))
+
+    def _run_samples(self, model: str | None) -> list[LaunchSample]:
+        """This run's launch samples so far, of `model`'s cells (None: every model's)."""
+        samples = []
         for cell_id, outcome in self._answers.items():
             result = self._results.get(cell_id)
-            if result is None or (not pooled and result.model != model):
+            if result is None or (model is not None and result.model != model):
                 continue
             sample = self._sample(cell_id, outcome)
             if sample is not None:
                 samples.append(sample)
-        return pooled_spread(samples)
+        return samples
 
     def _sample(self, cell_id: str, outcome: CellOutcome) -> LaunchSample | None:
         """The cell's launch-spread sample: its launches made whatever their answers, if two or more."""
@@ -265,13 +270,7 @@ class Gating:
     def churn(self, model: str) -> float:
         """`model`'s answer churn at its lower bound (harness.gate.launches.churn_floor), from the
         launch samples of its cells in this run so far and in the history's runs."""
-        samples = self.history.recorded_samples(model)
-        for cell_id, outcome in self._answers.items():
-            result = self._results.get(cell_id)
-            sample = self._sample(cell_id, outcome) if result is not None and result.model == model else None
-            if sample is not None:
-                samples.append(sample)
-        return churn_floor(samples)
+        return churn_floor(self.history.recorded_samples(model) + self._run_samples(model))
 
     def launch_sd(self, model: str, prior: float) -> float:
         """What the paired tests of `model`'s cells add for launch spread (harness.gate.launches)."""

@@ -74,6 +74,7 @@ class History:
         self._baselines: dict[tuple[str, bool], Baseline | None] = {}  # earlier runs do not change while this one runs
         self._outcomes: dict[tuple[str, str], CellOutcome | None] = {}
         self._night_samples: dict[tuple[str, str], list[LaunchSample]] = {}
+        self._recorded_samples: dict[str, list[LaunchSample]] = {}  # model -> `recorded_samples` (read, never changed)
 
     @classmethod
     def of(cls, archive: RunArchive, suite: str, fingerprint: str, current_run_id: str,
@@ -194,8 +195,11 @@ class History:
     def recorded_samples(self, model: str) -> list[LaunchSample]:
         """The launch samples the searched runs recorded on `model`'s cells: launches of one
         configuration in one run, made whatever their answers (harness.gate.launches.launch_sample)."""
-        return [result.launch_sample for run in self.runs for result in self._results(run).values()
-                if result.model == model and result.launch_sample is not None]
+        if model not in self._recorded_samples:
+            self._recorded_samples[model] = [result.launch_sample for run in self.runs
+                                             for result in self._results(run).values()
+                                             if result.model == model and result.launch_sample is not None]
+        return self._recorded_samples[model]
 
     def _night_to_night(self, model: str, extraction: str) -> list[LaunchSample]:
         key = (model, extraction)
